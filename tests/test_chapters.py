@@ -1,0 +1,79 @@
+"""The checked-chapters rule: what a chapter shows is what the code is and prints.
+
+See tests/chapters.py for the rules and steps/README.md for how to write a checked chapter.
+"""
+
+import functools
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from chapters import (
+    ROOT,
+    chapters,
+    commands,
+    console_blocks,
+    line_matches,
+    missing_piece,
+    output_matches,
+    source_blocks,
+)
+
+
+def test_every_chapter_has_run_command_output_and_exercises():
+    assert chapters(), "no chapters found in steps/"
+    for chapter in chapters():
+        text = chapter.read_text()
+        assert "## Exercises" in text, f"{chapter.name} has no '## Exercises' section"
+        assert any(b.chapter == chapter for b in console_blocks()), f"{chapter.name} has no console block"
+
+
+@pytest.mark.parametrize("block", source_blocks(), ids=lambda b: b.where)
+def test_source_block_appears_in_its_file(block):
+    problem = missing_piece(block)
+    assert problem is None, problem
+
+
+@functools.lru_cache(maxsize=None)
+def run_command(command, data_dir):
+    """Run a chapter command the way a learner would, from a scratch folder; return stdout."""
+    argv = shlex.split(command)
+    if argv[:3] == ["uv", "run", "python"]:
+        argv = [sys.executable, *argv[3:]]
+    else:
+        pytest.fail(f"chapter commands start with `uv run python`, got: {command}")
+    work = Path(tempfile.mkdtemp(prefix="chapter-"))
+    (work / "scripts").symlink_to(ROOT / "scripts")
+    (work / "steps").symlink_to(ROOT / "steps")
+    env = {**os.environ, "TINY_LLM_DATA_DIR": str(data_dir), "PYTHONHASHSEED": "0"}
+    proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"`{command}` exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.mark.parametrize("block", console_blocks(), ids=lambda b: b.where)
+def test_console_block_matches_a_real_run(block, sample_data_dir):
+    rtol = float(block.options["rtol"]) if "rtol" in block.options else None
+    for command, expected in commands(block):
+        actual = run_command(command, str(sample_data_dir)).splitlines()
+        assert output_matches(actual, expected, rtol), (
+            f"{block.where}: `{command}` printed\n" + "\n".join(actual)
+            + "\n\nbut the chapter expects\n" + "\n".join(expected)
+        )
+
+
+def test_output_matching_rules_can_fail():
+    assert line_matches("params  532,480", "params 532,480")
+    assert not line_matches("params  532,481", "params 532,480")
+    assert line_matches("std 0.0283", "std 0.0281")
+    assert not line_matches("std 0.0350", "std 0.0281")
+    assert line_matches("loss 3.30", "loss 3.10", rtol=0.1)
+    assert line_matches("torch 2.15.0+cu132", "torch ...")
+    assert not line_matches("shape (2, 12, 64)", "shape (2, 12)")
+    assert output_matches(["a 1", "x", "y", "b 2"], ["a 1", "...", "b 2"])
+    assert not output_matches(["a 1", "b 3"], ["a 1", "...", "b 2"])

@@ -1,0 +1,1 @@
+"""tiny-llm: build a small GPT from scratch, one step at a time."""

@@ -1,0 +1,97 @@
+"""Step 01: the machine we train on.
+
+Three things every later step needs: which device the tensors live on, seeds so a run can be
+repeated, and a feel for how fast this machine multiplies matrices (the one operation a GPT
+spends almost all its time on).
+
+Run the check:  uv run python -m tiny_llm.device
+"""
+
+import argparse
+import os
+import platform
+import random
+import time
+
+import numpy as np
+import torch
+
+DEVICES = ("cuda", "mps", "cpu")
+
+
+def pick_device(name=None):
+    """Return the device to use: `name` if given, else $TINY_LLM_DEVICE, else cuda, mps, cpu.
+
+    >>> pick_device("cpu")
+    device(type='cpu')
+    """
+    name = name or os.environ.get("TINY_LLM_DEVICE") or None
+    if name is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    kind = name.split(":")[0]
+    if kind not in DEVICES:
+        raise ValueError(f"unknown device {name!r}: use one of {', '.join(DEVICES)}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but this PyTorch sees no CUDA GPU: use 'cpu'")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r} asked for, but MPS is not available here: use 'cpu'")
+    return torch.device(name)
+
+
+def seed_everything(seed):
+    """Seed Python's, NumPy's and PyTorch's generators (CPU and every GPU) with one number."""
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA and MPS device
+
+
+def synchronize(device):
+    """Wait for queued GPU work to finish, so a timer measures the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def matmul_gflops(device, n=512, dtype=torch.float32, repeats=10):
+    """Time an (n, n) @ (n, n) matmul and return GFLOP/s: 2·n³ floating point operations each."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(2):  # warm up: the first calls pay for allocation and kernel selection
+        a @ b
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    synchronize(device)
+    seconds = (time.perf_counter() - start) / repeats
+    return 2 * n**3 / seconds / 1e9
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Step 01: versions, device, a timed matmul.")
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    parser.add_argument("--seed", type=int, default=1337)
+    args = parser.parse_args()
+
+    device = pick_device(args.device)
+    seed_everything(args.seed)
+    print(f"{'python':<16} {platform.python_version()}")
+    print(f"{'torch':<16} {torch.__version__}")
+    print(f"{'numpy':<16} {np.__version__}")
+    print(f"{'device':<16} {device}")
+    print(f"{'threads':<16} {torch.get_num_threads()}")
+    print(f"{'seeded randn':<16} {torch.randn(3).tolist()}")
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        print(f"{'matmul ' + name:<16} {matmul_gflops(device, dtype=dtype):.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
