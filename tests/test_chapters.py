@@ -12,7 +12,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from chapters import (
     ROOT,
     chapters,
@@ -39,7 +38,7 @@ def test_source_block_appears_in_its_file(block):
     assert problem is None, problem
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def run_command(command, data_dir):
     """Run a chapter command the way a learner would, from a scratch folder; return stdout."""
     argv = shlex.split(command)

@@ -87,7 +87,7 @@ def main():
     print(f"{'numpy':<16} {np.__version__}")
     print(f"{'device':<16} {device}")
     print(f"{'threads':<16} {torch.get_num_threads()}")
-    print(f"{'seeded randn':<16} {torch.randn(3).tolist()}")
+    print(f"{'seeded randn':<16} {'  '.join(f'{v:.4f}' for v in torch.randn(3).tolist())}")
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
         print(f"{'matmul ' + name:<16} {matmul_gflops(device, dtype=dtype):.1f} GFLOP/s")
