@@ -66,7 +66,8 @@ def blocks(chapter):
 
 
 def source_blocks():
-    return [b for c in chapters() for b in blocks(c) if SOURCE_HEADER.match(b.body.split("\n", 1)[0])]
+    every = [b for c in chapters() for b in blocks(c)]
+    return [b for b in every if SOURCE_HEADER.match(b.body.split("\n", 1)[0])]
 
 
 def console_blocks():
@@ -153,20 +154,23 @@ def line_matches(actual, expected, rtol=None):
     if not m:
         return False
     wanted = NUMBER.findall(squash(expected).replace("...", " "))
-    got = [g for g in m.groups()]
-    return len(got) == len(wanted) and all(_close(a, e, rtol) for a, e in zip(got, wanted))
+    got = list(m.groups())
+    if len(got) != len(wanted):
+        return False
+    return all(_close(a, e, rtol) for a, e in zip(got, wanted, strict=True))
 
 
 def output_matches(actual_lines, expected_lines, rtol=None):
     """Match output lines against expected lines, where a lone `...` line matches any lines."""
-    actual = [l for l in actual_lines if l.strip()]
-    expected = [l for l in expected_lines if l.strip()]
+    actual = [line for line in actual_lines if line.strip()]
+    expected = [line for line in expected_lines if line.strip()]
 
     def match(i, j):
         if j == len(expected):
             return i == len(actual)
         if expected[j].strip() == "...":
             return any(match(k, j + 1) for k in range(i, len(actual) + 1))
-        return i < len(actual) and line_matches(actual[i], expected[j], rtol) and match(i + 1, j + 1)
+        here = i < len(actual) and line_matches(actual[i], expected[j], rtol)
+        return here and match(i + 1, j + 1)
 
     return match(0, 0)

@@ -29,7 +29,8 @@ def test_every_chapter_has_run_command_output_and_exercises():
     for chapter in chapters():
         text = chapter.read_text()
         assert "## Exercises" in text, f"{chapter.name} has no '## Exercises' section"
-        assert any(b.chapter == chapter for b in console_blocks()), f"{chapter.name} has no console block"
+        has_console = any(b.chapter == chapter for b in console_blocks())
+        assert has_console, f"{chapter.name} has no console block"
 
 
 @pytest.mark.parametrize("block", source_blocks(), ids=lambda b: b.where)
