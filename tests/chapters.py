@@ -14,8 +14,9 @@ The rules (the chapter author's side of them is in steps/README.md):
    - numbers within a tolerance: integers exactly, decimals within 1% or 2 units of the last
      printed digit, whichever is larger. `<!-- check: rtol=0.05 -->` on the line before the
      block changes the relative tolerance for every number in it (integers included).
-   Commands run from a scratch folder, with `scripts/` linked in and TINY_LLM_DATA_DIR pointing
-   at data prepared from the sample corpus, so corpus-dependent numbers are the sample's.
+   The commands of one block run in order in one scratch folder (`scripts/` and `steps/` linked
+   in), with TINY_LLM_DATA_DIR pointing at data prepared from the sample corpus, so numbers that
+   depend on the corpus are the sample's.
 """
 
 import re

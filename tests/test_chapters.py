@@ -3,13 +3,10 @@
 See tests/chapters.py for the rules and steps/README.md for how to write a checked chapter.
 """
 
-import functools
 import os
 import shlex
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 from chapters import (
@@ -39,28 +36,28 @@ def test_source_block_appears_in_its_file(block):
     assert problem is None, problem
 
 
-@functools.cache
-def run_command(command, data_dir):
-    """Run a chapter command the way a learner would, from a scratch folder; return stdout."""
+def run_command(command, work, data_dir):
+    """Run a chapter command the way a learner would, in the folder `work`; return stdout."""
     argv = shlex.split(command)
-    if argv[:3] == ["uv", "run", "python"]:
-        argv = [sys.executable, *argv[3:]]
-    else:
+    if argv[:3] != ["uv", "run", "python"]:
         pytest.fail(f"chapter commands start with `uv run python`, got: {command}")
-    work = Path(tempfile.mkdtemp(prefix="chapter-"))
-    (work / "scripts").symlink_to(ROOT / "scripts")
-    (work / "steps").symlink_to(ROOT / "steps")
+    argv = [sys.executable, *argv[3:]]
     env = {**os.environ, "TINY_LLM_DATA_DIR": str(data_dir), "PYTHONHASHSEED": "0"}
-    proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        argv, cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0, f"`{command}` exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return proc.stdout
 
 
 @pytest.mark.parametrize("block", console_blocks(), ids=lambda b: b.where)
-def test_console_block_matches_a_real_run(block, sample_data_dir):
+def test_console_block_matches_a_real_run(block, sample_data_dir, tmp_path):
+    """The commands of one block run in order in one scratch folder, as a learner types them."""
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    (tmp_path / "steps").symlink_to(ROOT / "steps")
     rtol = float(block.options["rtol"]) if "rtol" in block.options else None
     for command, expected in commands(block):
-        actual = run_command(command, str(sample_data_dir)).splitlines()
+        actual = run_command(command, tmp_path, sample_data_dir).splitlines()
         assert output_matches(actual, expected, rtol), (
             f"{block.where}: `{command}` printed\n" + "\n".join(actual)
             + "\n\nbut the chapter expects\n" + "\n".join(expected)
