@@ -8,6 +8,7 @@ runs the same algorithm in Rust fast enough for a whole corpus.
 Run the check:  uv run python -m tiny_llm.tokenize
 """
 
+import argparse
 import hashlib
 import itertools
 from pathlib import Path
@@ -16,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tiny_llm.files import atomic_path
 from tiny_llm.paths import DATA_DIR
+from tiny_llm.sample_stories import generate_stories
 
 EOT = "<|endoftext|>"  # marks the end of one story; always id 0
 VOCAB_SIZE = 4096
@@ -70,8 +72,9 @@ class BytePairEncoder:
         if not isinstance(text, str):
             raise TypeError(f"train() needs a str, got {type(text).__name__}")
         if not isinstance(vocab_size, int) or vocab_size < 256:
-            raise ValueError(f"vocab_size must be an int >= 256 (the byte values), got {vocab_size!r}")
-        self.__init__()
+            raise ValueError(f"vocab_size must be an int >= 256 (the bytes), got {vocab_size!r}")
+        self.merges = {}
+        self.vocab = {i: bytes([i]) for i in range(256)}
         ids = list(text.encode("utf-8"))
         for new_id in range(256, vocab_size):
             stats = get_stats(ids)
@@ -172,3 +175,75 @@ def load_tokenizer(path=None):
 def tokenizer_sha256(path=None):
     """sha256 hex digest of the tokenizer file: a fingerprint that checkpoints remember."""
     return hashlib.sha256(tokenizer_path(path).read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# The check
+
+TOY_TEXT = (
+    "The cat sat on the mat. The dog sat on the log. The cat and the dog are friends. "
+    "Then the cat saw the dog and the dog saw the cat, and they sat together in the sun."
+)
+SENTENCE = "Once upon a time, a tiny dragon found a shiny rock."
+TRICKY = ("café crème brûlée", "日本語のテキスト", "emoji 😀🐉👩‍👩‍👧", "tabs\tand\nnewlines  ",
+          "Ω≈ç√∫")
+
+
+def bytes_per_token(texts, ids):
+    """UTF-8 bytes of `texts` over the tokens in `ids` (one list per text); 1.0 = no compression."""
+    return sum(len(t.encode("utf-8")) for t in texts) / sum(len(i) for i in ids)
+
+
+def show_scratch_bpe():
+    """Train the from-scratch BPE on two tiny texts and print what it learned."""
+    bpe = BytePairEncoder().train("aaabdaaabac", vocab_size=259)
+    print(f"{'text':<18} 'aaabdaaabac' (11 bytes)")
+    for i, ((a, b), new_id) in enumerate(bpe.merges.items(), start=1):
+        print(f"{f'merge {i}':<18} ({a}, {b}) -> {new_id}  {bpe.vocab[new_id]!r}")
+    ids = bpe.encode("aaabdaaabac")
+    print(f"{'encoded':<18} {ids} ({len(ids)} tokens)")
+
+    bpe = BytePairEncoder().train(TOY_TEXT, vocab_size=256 + 40)
+    first = [bpe.vocab[i].decode("utf-8") for i in range(256, 266)]
+    print(f"{'toy text':<18} {len(TOY_TEXT.encode('utf-8'))} bytes, {len(bpe.merges)} merges")
+    print(f"{'first merges':<18} {first}")
+    print(f"{'bytes per token':<18} {bytes_per_token([TOY_TEXT], [bpe.encode(TOY_TEXT)]):.2f}")
+    ok = all(bpe.decode(bpe.encode(t)) == t for t in TRICKY)
+    print(f"{'round trip':<18} {'OK' if ok else 'FAILED'} on {len(TRICKY)} unseen UTF-8 strings")
+
+
+def show_production_tokenizer(sentence):
+    """Load the prepared tokenizer (or train one on sample stories) and print what it does."""
+    path = DATA_DIR / "tokenizer.json"
+    if path.is_file():
+        tokenizer, where = load_tokenizer(path), "prepared (DATA_DIR/tokenizer.json)"
+    else:  # before step 03: train a throwaway one, it takes about a second
+        tokenizer = train_tokenizer(generate_stories(5000, seed=0))
+        where = "trained now on 5,000 sample stories (no DATA_DIR/tokenizer.json yet)"
+    encoding = tokenizer.encode(sentence)
+    print(f"{'tokenizer':<18} {where}")
+    print(f"{'vocab size':<18} {tokenizer.get_vocab_size():,}")
+    print(f"{'sentence':<18} {sentence!r} ({len(sentence.encode('utf-8'))} bytes)")
+    print(f"{'tokens':<18} {encoding.tokens} ({len(encoding.ids)} tokens)")
+    print(f"{'EOT':<18} {EOT!r} -> {tokenizer.encode(EOT).ids}")
+    texts = [sentence, *TRICKY]
+    ok = all(tokenizer.decode(tokenizer.encode(t).ids) == t for t in texts)
+    print(f"{'round trip':<18} {'OK' if ok else 'FAILED'} on {len(texts)} UTF-8 strings")
+    stories = list(generate_stories(200, seed=1))  # stories the tokenizer has not seen
+    ids = [e.ids for e in tokenizer.encode_batch(stories)]
+    print(f"{'bytes per token':<18} {bytes_per_token(stories, ids):.2f} on 200 sample stories")
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Step 02: BPE from scratch, then the real one.")
+    parser.add_argument("--text", default=SENTENCE, help="a sentence to show as tokens")
+    args = parser.parse_args()
+    print("BPE from scratch")
+    show_scratch_bpe()
+    print()
+    print("Production tokenizer (Hugging Face tokenizers)")
+    show_production_tokenizer(args.text)
+
+
+if __name__ == "__main__":
+    main()
