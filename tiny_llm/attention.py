@@ -1,0 +1,142 @@
+"""Step 05: one head of causal self-attention.
+
+Each position asks a question (its query), every position offers a label (its key) and a
+message (its value). Position t takes a weighted average of the messages of positions 0..t,
+weighted by how well each key answers its query. The causal mask hides positions after t, so a
+model trained to predict token t+1 cannot peek at it.
+
+Run the check:  uv run python -m tiny_llm.attention
+"""
+
+import argparse
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tiny_llm.device import seed_everything
+from tiny_llm.embed import SinusoidalPositions
+from tiny_llm.files import atomic_path
+from tiny_llm.paths import RUNS_DIR
+
+
+def check_activations(x, d_model, max_seq_len):
+    """Raise a clear error unless `x` is a (B, T, d_model) float tensor with T <= max_seq_len."""
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        seen = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"attention takes float vectors, got {seen}: "
+                        "embed the token ids first (Embed in step 04)")
+    if x.dim() != 3:
+        raise ValueError(f"expected a (B, T, C) batch of vectors, got shape {tuple(x.shape)}: "
+                         "for one sequence use x.unsqueeze(0)")
+    B, T, C = x.shape
+    if C != d_model:
+        raise ValueError(f"expected C = d_model = {d_model} features per position, got C={C}: "
+                         "build the attention with the same d_model as the embedding")
+    if T > max_seq_len:
+        raise ValueError(f"sequence length T={T} exceeds max_seq_len={max_seq_len}: the causal "
+                         f"mask stops there; keep the last {max_seq_len} positions "
+                         "or build with a larger max_seq_len")
+
+
+class CausalSelfAttention(nn.Module):
+    """A single attention head: (B, T, C) float in, (B, T, C) float out.
+
+    With return_weights=True it also returns the (B, T, T) attention weights: row t says how
+    much position t takes from each position, and sums to 1.
+    """
+
+    def __init__(self, d_model, max_seq_len):
+        super().__init__()
+        self.d_model, self.max_seq_len = d_model, max_seq_len
+        self.query = nn.Linear(d_model, d_model)  # what position t is looking for
+        self.key = nn.Linear(d_model, d_model)  # what position s offers to be found by
+        self.value = nn.Linear(d_model, d_model)  # what position s hands over when chosen
+        self.proj = nn.Linear(d_model, d_model)  # mixes the result back into the model's space
+        # mask[t, s] is True where position t may look at position s, that is s <= t.
+        # A buffer: it follows .to(device) with the weights, but it is not learned.
+        mask = torch.tril(torch.ones(max_seq_len, max_seq_len, dtype=torch.bool))
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, x, return_weights=False, causal=True):
+        """causal=False lets every position see every other one (GPT never does; the check does)."""
+        check_activations(x, self.d_model, self.max_seq_len)
+        T, C = x.shape[1], x.shape[2]
+        q, k, v = self.query(x), self.key(x), self.value(x)  # each (B, T, C)
+        # scores[b, t, s] = q_t · k_s / sqrt(C): dividing keeps their spread near 1 whatever C
+        # is, so the softmax below starts soft instead of picking one position
+        scores = q @ k.transpose(-2, -1) / math.sqrt(C)  # (B, T, C) @ (B, C, T) -> (B, T, T)
+        if causal:
+            scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))  # exp(-inf) = 0
+        weights = F.softmax(scores, dim=-1)  # (B, T, T), every row sums to 1
+        out = self.proj(weights @ v)  # (B, T, T) @ (B, T, C) -> (B, T, C)
+        return (out, weights) if return_weights else out
+
+
+def plot_weights(weights, path):
+    """Draw one (T, T) attention map with each weight written in its cell; save a PNG."""
+    from matplotlib.figure import Figure  # imported here: only the check draws pictures
+
+    T = weights.shape[0]
+    fig = Figure(figsize=(5, 4.4), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(weights, cmap="Blues", vmin=0, vmax=1)
+    for t in range(T):
+        for s in range(t + 1):
+            color = "white" if weights[t, s] > 0.6 else "black"
+            ax.text(s, t, f"{weights[t, s]:.2f}", ha="center", va="center", fontsize=7, color=color)
+    ax.set(xlabel="key position s (looked at)", ylabel="query position t (looking)",
+           title="causal attention weights, untrained head", xticks=range(T), yticks=range(T))
+    fig.colorbar(image, ax=ax)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+    return path
+
+
+def order_checks(attn, T=8):
+    """Show what attention alone knows about order, and what adding positions changes."""
+    x = torch.randn(1, T, attn.d_model)  # stands in for T embedded tokens, no positions yet
+    perm = torch.randperm(T)
+    moved = (attn(x[:, perm], causal=False) - attn(x, causal=False)[:, perm]).abs().max()
+    print(f"{'no mask':<16} attn(x[:, perm]) = attn(x)[:, perm]: max error {moved:.6f}")
+
+    add_positions = SinusoidalPositions(attn.max_seq_len, attn.d_model)
+    shuffle = torch.cat([torch.randperm(T - 1), torch.tensor([T - 1])])  # the last stays last
+    for name, f in (("causal", attn), ("causal + pos", lambda x: attn(add_positions(x)))):
+        change = (f(x[:, shuffle])[:, -1] - f(x)[:, -1]).abs().max()
+        print(f"{name:<16} shuffle t = 0..{T - 2}: output at t = {T - 1} changes by {change:.6f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Step 05: one head of causal self-attention.")
+    parser.add_argument("--out", default=str(RUNS_DIR / "attention" / "weights.png"),
+                        help="where to write the picture of the attention weights")
+    args = parser.parse_args()
+
+    seed_everything(1337)
+    attn = CausalSelfAttention(d_model=64, max_seq_len=64)
+    x = torch.randn(2, 8, 64)
+    with torch.no_grad():
+        out, weights = attn(x, return_weights=True)
+        n_params = sum(p.numel() for p in attn.parameters())
+        print(f"{'params':<16} {n_params:,} = 4 x (64 x 64 weights + 64 biases)")
+        print(f"{'input':<16} {tuple(x.shape)}")
+        print(f"{'output':<16} {tuple(out.shape)}")
+        print(f"{'weights':<16} {tuple(weights.shape)}")
+        sums = weights.sum(dim=-1)
+        print(f"{'row sums':<16} min {sums.min():.6f} max {sums.max():.6f}")
+        future = weights.masked_select(~attn.mask[:8, :8]).abs().max()
+        print(f"{'future weight':<16} max weight above the diagonal {future:.6f}")
+
+        changed = x.clone()
+        changed[:, 5] = torch.randn(2, 64)  # replace the vector at position 5 only
+        diff = (attn(changed) - out).abs().amax(dim=(0, 2))  # (T,) largest change per position
+        print(f"{'causality':<16} change x[:, 5]: max |out change| at t < 5: "
+              f"{diff[:5].max():.6f}, at t >= 5: {diff[5:].max():.6f}")
+        order_checks(attn)
+    print(f"{'attention map':<16} drawn to {plot_weights(weights[0], args.out)}")
+
+
+if __name__ == "__main__":
+    main()
