@@ -78,6 +78,7 @@ def plot_weights(weights, path):
     """Draw one (T, T) attention map with each weight written in its cell; save a PNG."""
     from matplotlib.figure import Figure  # imported here: only the check draws pictures
 
+    weights = weights.numpy()
     T = weights.shape[0]
     fig = Figure(figsize=(5, 4.4), layout="constrained")
     ax = fig.subplots()

@@ -129,14 +129,14 @@ def plot_sinusoidal(path, max_len=256, d_model=128):
     """Draw sinusoidal_table as a heat map and a few of its columns as curves; save a PNG."""
     from matplotlib.figure import Figure  # imported here: only the check draws pictures
 
-    table = sinusoidal_table(max_len, d_model)
+    table = sinusoidal_table(max_len, d_model).numpy()
     fig = Figure(figsize=(10, 3.6), layout="constrained")
     heat, curves = fig.subplots(1, 2, width_ratios=(3, 2))
     image = heat.imshow(table.T, aspect="auto", cmap="RdBu", vmin=-1, vmax=1, origin="lower")
     heat.set(xlabel="position t", ylabel="dimension",
              title=f"sinusoidal_table({max_len}, {d_model})")
     fig.colorbar(image, ax=heat)
-    for col in (4, 16, 32, 48):
+    for col in [2 * round(d_model * f / 2) for f in (1 / 32, 1 / 8, 1 / 4, 3 / 8)]:
         wavelength = 2 * math.pi * 10000 ** (col / d_model)
         curves.plot(table[:128, col], label=f"dim {col} (wavelength {wavelength:.0f})")
     curves.set(xlabel="position t", ylabel="value", title="sin columns: slower as dim grows")

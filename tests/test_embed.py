@@ -1,0 +1,113 @@
+import math
+
+import pytest
+import torch
+
+from solutions import ex04_embed
+from tiny_llm.embed import Embed, SinusoidalPositions, plot_sinusoidal, sinusoidal_table
+
+
+@pytest.fixture
+def emb():
+    torch.manual_seed(0)
+    return Embed(vocab_size=4096, d_model=128, max_seq_len=64)
+
+
+def test_parameter_count_is_two_tables(emb):
+    assert sum(p.numel() for p in emb.parameters()) == 532_480 == 4096 * 128 + 64 * 128
+
+
+def test_tables_start_as_small_normals(emb):
+    for table in (emb.tok_emb.weight, emb.pos_emb.weight):
+        assert abs(table.std().item() - 0.02) < 0.001
+        assert abs(table.mean().item()) < 0.001
+
+
+def test_output_is_token_row_plus_position_row(emb):
+    idx = torch.randint(0, 4096, (3, 10))
+    x = emb(idx)
+    assert x.shape == (3, 10, 128) and x.dtype == torch.float32
+    expected = emb.tok_emb.weight[idx[1, 4]] + emb.pos_emb.weight[4]
+    assert torch.equal(x[1, 4], expected)
+    assert abs(x.std().item() - math.sqrt(2) * 0.02) < 0.002  # two N(0, 0.02²) added
+
+
+def test_same_token_differs_by_position_and_tokens_differ(emb):
+    x = emb(torch.tensor([[5, 5, 6]]))[0]
+    assert not torch.allclose(x[0], x[1])
+    assert torch.allclose(x[1] - x[0], emb.pos_emb.weight[1] - emb.pos_emb.weight[0])
+    assert not torch.allclose(x[1], x[2])
+
+
+def test_worked_example_sums_by_hand(capsys):
+    from tiny_llm.embed import worked_example
+
+    worked_example()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (
+        "t=1  id=1   tok [0.30, 0.40, 0.50] + pos [0.03, 0.04, 0.05] = [0.33, 0.44, 0.55]"
+    )
+    assert lines[3].endswith("= [0.39, 0.50, 0.61]")  # token 1 again, now at position 3
+
+
+@pytest.mark.parametrize(
+    "idx, error, match",
+    [
+        (torch.zeros(1, 65, dtype=torch.long), ValueError, "T=65 exceeds max_seq_len=64"),
+        (torch.tensor([[1, 4096]]), ValueError, "token id 4096 is outside the vocabulary"),
+        (torch.tensor([[-1, 2]]), ValueError, "token id -1 is outside the vocabulary"),
+        (torch.tensor([[1.0, 2.0]]), TypeError, "must be integers, got dtype torch.float32"),
+        (torch.tensor([1, 2, 3]), ValueError, r"\(B, T\) batch .* got shape \(3,\).*unsqueeze"),
+        (torch.zeros(1, 2, 3, dtype=torch.long), ValueError, r"got shape \(1, 2, 3\)"),
+        ([[1, 2]], TypeError, "must be a torch.Tensor, got list"),
+    ],
+)
+def test_bad_ids_are_refused_with_the_fix(emb, idx, error, match):
+    with pytest.raises(error, match=match):
+        emb(idx)
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="max_seq_len must be a positive int, got 0"):
+        Embed(10, 3, 0)
+    with pytest.raises(ValueError, match="d_model must be a positive even int.*got 7"):
+        sinusoidal_table(4, 7)
+
+
+def test_sinusoidal_table_matches_its_closed_form():
+    table = sinusoidal_table(50, 16)
+    for p in (0, 1, 7, 49):
+        for i in range(8):
+            angle = p / 10000 ** (2 * i / 16)
+            assert table[p, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+            assert table[p, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+
+
+def test_sinusoidal_positions_are_a_buffer_not_a_parameter():
+    pos = SinusoidalPositions(max_seq_len=8, d_model=4)
+    assert list(pos.parameters()) == [] and "table" in dict(pos.named_buffers())
+    x = torch.zeros(2, 3, 4)
+    assert torch.equal(pos(x), sinusoidal_table(3, 4).expand(2, 3, 4))
+    with pytest.raises(ValueError, match="T=9 exceeds max_seq_len=8"):
+        pos(torch.zeros(1, 9, 4))
+
+
+def test_plot_is_written_and_identical_each_time(tmp_path):
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    plot_sinusoidal(a, max_len=32, d_model=16)
+    plot_sinusoidal(b, max_len=32, d_model=16)
+    assert a.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert a.read_bytes() == b.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png"]  # no temp files left
+
+
+def test_solutions():
+    assert ex04_embed.exercise_1_parameter_count(4096, 128, 64) == 532_480
+    assert ex04_embed.exercise_1_parameter_count(50257, 768, 1024) == 39_383_808  # GPT-2 small
+    same, cosines = ex04_embed.exercise_2_untrained_cosines()
+    assert same == pytest.approx(1.0)
+    assert max(abs(c) for c in cosines) < 0.5  # random vectors: near-orthogonal, meaning nothing
+    assert ex04_embed.exercise_3_one_hot_is_a_lookup() == (0.0, 524_288)
+    assert ex04_embed.exercise_4_add_versus_concatenate(128) == (128, 256, 0.0)
+    message, shape = ex04_embed.exercise_5_too_long(64)
+    assert "T=65 exceeds max_seq_len=64" in message and shape == (128, 128)
