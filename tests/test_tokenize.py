@@ -2,6 +2,7 @@ import pytest
 from tokenizers import Tokenizer, models, trainers
 
 from solutions import ex02_tokenize
+from tiny_llm import tokenize
 from tiny_llm.sample_stories import generate_stories
 from tiny_llm.tokenize import (
     EOT,
@@ -152,6 +153,17 @@ def test_train_tokenizer_rejects_bad_vocab_sizes(vocab_size, error, match):
 def test_train_tokenizer_rejects_a_single_string():
     with pytest.raises(TypeError, match="not one string"):
         train_tokenizer("Once upon a time")
+
+
+def test_check_trains_a_tokenizer_when_none_is_prepared(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tokenize, "DATA_DIR", tmp_path)
+    tokenize.show_production_tokenizer(tokenize.SENTENCE)
+    out = capsys.readouterr().out
+    assert f"none at {tmp_path / 'tokenizer.json'}, trained one on 5,000 sample stories" in out
+    # the same tokenizer as `python -m tiny_llm.data --source sample`, so the chapter's numbers
+    assert "vocab size         1,300" in out and "(16 tokens)" in out
+    assert "round trip         OK" in out
+    assert "'<|endoftext|>' -> [0]" in out
 
 
 def test_solutions():

@@ -184,6 +184,7 @@ TOY_TEXT = (
     "The cat sat on the mat. The dog sat on the log. The cat and the dog are friends. "
     "Then the cat saw the dog and the dog saw the cat, and they sat together in the sun."
 )
+SAMPLE_TRAIN_STORIES = 5000  # the train split of step 03's `--source sample` (seed 0)
 SENTENCE = "Once upon a time, a tiny dragon found a shiny rock."
 TRICKY = ("café crème brûlée", "日本語のテキスト", "emoji 😀🐉👩‍👩‍👧", "tabs\tand\nnewlines  ",
           "Ω≈ç√∫")
@@ -216,10 +217,10 @@ def show_production_tokenizer(sentence):
     """Load the prepared tokenizer (or train one on sample stories) and print what it does."""
     path = DATA_DIR / "tokenizer.json"
     if path.is_file():
-        tokenizer, where = load_tokenizer(path), "prepared (DATA_DIR/tokenizer.json)"
-    else:  # before step 03: train a throwaway one, it takes about a second
-        tokenizer = train_tokenizer(generate_stories(5000, seed=0))
-        where = "trained now on 5,000 sample stories (no DATA_DIR/tokenizer.json yet)"
+        tokenizer, where = load_tokenizer(path), str(path)
+    else:  # before step 03: train the tokenizer `--source sample` would, in about a second
+        tokenizer = train_tokenizer(generate_stories(SAMPLE_TRAIN_STORIES, seed=0))
+        where = f"none at {path}, trained one on {SAMPLE_TRAIN_STORIES:,} sample stories"
     encoding = tokenizer.encode(sentence)
     print(f"{'tokenizer':<18} {where}")
     print(f"{'vocab size':<18} {tokenizer.get_vocab_size():,}")
@@ -229,7 +230,7 @@ def show_production_tokenizer(sentence):
     texts = [sentence, *TRICKY]
     ok = all(tokenizer.decode(tokenizer.encode(t).ids) == t for t in texts)
     print(f"{'round trip':<18} {'OK' if ok else 'FAILED'} on {len(texts)} UTF-8 strings")
-    stories = list(generate_stories(200, seed=1))  # stories the tokenizer has not seen
+    stories = list(generate_stories(200, seed=1))  # seed 1: not among the training stories
     ids = [e.ids for e in tokenizer.encode_batch(stories)]
     print(f"{'bytes per token':<18} {bytes_per_token(stories, ids):.2f} on 200 sample stories")
 
