@@ -1,0 +1,100 @@
+import math
+
+import pytest
+import torch
+
+from solutions import ex05_attention
+from tiny_llm.attention import CausalSelfAttention, plot_weights
+
+
+@pytest.fixture
+def attn():
+    torch.manual_seed(0)
+    return CausalSelfAttention(d_model=16, max_seq_len=8)
+
+
+def test_shapes_and_parameters(attn):
+    x = torch.randn(3, 5, 16)
+    out, weights = attn(x, return_weights=True)
+    assert out.shape == (3, 5, 16) and weights.shape == (3, 5, 5)
+    assert torch.equal(attn(x), out)
+    assert sum(p.numel() for p in attn.parameters()) == 4 * (16 * 16 + 16)
+
+
+def test_rows_sum_to_one_and_the_future_gets_nothing(attn):
+    _, weights = attn(torch.randn(2, 8, 16), return_weights=True)
+    assert torch.allclose(weights.sum(dim=-1), torch.ones(2, 8))
+    assert torch.equal(weights.triu(diagonal=1), torch.zeros(2, 8, 8))
+    assert torch.equal(weights[:, 0, 0], torch.ones(2))  # position 0 can only look at itself
+
+
+def test_changing_a_later_position_leaves_earlier_outputs_alone(attn):
+    x = torch.randn(2, 8, 16)
+    changed = x.clone()
+    changed[:, 5] += 1.0
+    before, after = attn(x), attn(changed)
+    assert torch.equal(before[:, :5], after[:, :5])
+    assert (before[:, 5:] - after[:, 5:]).abs().max() > 1e-3
+
+
+def test_without_the_mask_shuffling_the_input_shuffles_the_output(attn):
+    x = torch.randn(1, 8, 16)
+    perm = torch.randperm(8)
+    assert torch.allclose(attn(x[:, perm], causal=False), attn(x, causal=False)[:, perm], atol=1e-6)
+    # with the mask it is not a plain shuffle: position t sees only what came before it
+    assert not torch.allclose(attn(x[:, perm]), attn(x)[:, perm], atol=1e-3)
+
+
+def test_with_the_mask_the_last_position_sees_a_set(attn):
+    x = torch.randn(1, 8, 16)
+    shuffle = torch.tensor([3, 0, 6, 1, 5, 2, 4, 7])  # earlier positions shuffled, last stays
+    assert torch.allclose(attn(x[:, shuffle])[:, -1], attn(x)[:, -1], atol=1e-6)
+
+
+def test_scores_are_scaled_by_sqrt_d_model(attn):
+    x = torch.randn(1, 3, 16)
+    q, k = attn.query(x), attn.key(x)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(16)
+    expected = torch.softmax(scores.masked_fill(~attn.mask[:3, :3], float("-inf")), dim=-1)
+    _, weights = attn(x, return_weights=True)
+    assert torch.allclose(weights, expected)
+
+
+def test_mask_is_a_buffer_that_is_not_learned(attn):
+    assert "mask" in dict(attn.named_buffers())
+    assert all(name != "mask" for name, _ in attn.named_parameters())
+    assert attn.mask.shape == (8, 8) and attn.mask.dtype == torch.bool
+
+
+@pytest.mark.parametrize(
+    "x, error, match",
+    [
+        (torch.randn(2, 9, 16), ValueError, "T=9 exceeds max_seq_len=8"),
+        (torch.randn(2, 4, 12), ValueError, "C = d_model = 16 .* got C=12"),
+        (torch.randn(4, 16), ValueError, r"\(B, T, C\) batch .* got shape \(4, 16\).*unsqueeze"),
+        (torch.zeros(2, 4, 16, dtype=torch.long), TypeError, "float vectors, got torch.int64"),
+        ([[0.0] * 16], TypeError, "float vectors, got list"),
+    ],
+)
+def test_bad_input_is_refused_with_the_fix(attn, x, error, match):
+    with pytest.raises(error, match=match):
+        attn(x)
+
+
+def test_attention_map_is_written(tmp_path):
+    weights = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5).unsqueeze(1)
+    path = plot_weights(weights, tmp_path / "map.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["map.png"]
+
+
+def test_solutions():
+    assert ex05_attention.exercise_1_shapes_and_parameters() == (16_640, (2, 12, 12), 1_048_576)
+    without, with_positions = ex05_attention.exercise_2_order_blindness()
+    assert without < 1e-6 and with_positions > 0.01
+    assert "T=65 exceeds max_seq_len=64" in ex05_attention.exercise_3_too_long(64)
+    stds = ex05_attention.exercise_4_why_scale_by_sqrt_c()
+    for C, (raw, scaled) in stds.items():
+        assert raw == pytest.approx(math.sqrt(C), rel=0.05) and scaled == pytest.approx(1, rel=0.05)
+    masked, unmasked = ex05_attention.exercise_5_the_mask_stops_leaks()
+    assert masked == 0.0 and unmasked > 0.01
