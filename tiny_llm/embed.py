@@ -72,8 +72,8 @@ class Embed(nn.Module):
 def sinusoidal_table(max_len, d_model):
     """The fixed positions of "Attention Is All You Need": (max_len, d_model) float32.
 
-    Columns 2i and 2i+1 hold sin and cos of pos / 10000^(2i / d_model), one wavelength per pair,
-    from 2π (i = 0) up to 10000·2π.
+    Columns 2i and 2i+1 hold sin and cos of pos / 10000^(2i / d_model): one wavelength per
+    pair, from 2π at i = 0 growing towards 10000·2π.
     >>> sinusoidal_table(2, 4)   # pos 1: sin(1), cos(1), sin(1/100), cos(1/100)
     tensor([[0.0000, 1.0000, 0.0000, 1.0000],
             [0.8415, 0.5403, 0.0100, 0.9999]])
