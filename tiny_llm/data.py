@@ -172,12 +172,12 @@ def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SI
         if seen["stories"] == 0:
             raise ValueError(f"found no train stories in {source}: is it empty?")
         tokenizer.save(str(tmp["tokenizer.json"]))
-        counts = encode_to_files(tokenizer, pairs(), {s: tmp[f"{s}.bin"] for s in ("train", "valid")}, progress)
+        bins = {split: tmp[f"{split}.bin"] for split in ("train", "valid")}
+        counts = encode_to_files(tokenizer, pairs(), bins, progress)
         if not counts["valid"]:
             raise ValueError(f"found no validation stories in {valid or source}")
-        meta = {"source": str(source), "valid_source": None if valid is None else str(valid),
-                "vocab_size": tokenizer.get_vocab_size(), "eot_id": 0, "dtype": "uint16",
-                "tokenizer_sha256": tokenizer_sha256(tmp["tokenizer.json"]),
+        meta = {"source": str(source), "vocab_size": tokenizer.get_vocab_size(), "eot_id": 0,
+                "dtype": "uint16", "tokenizer_sha256": tokenizer_sha256(tmp["tokenizer.json"]),
                 "tokenizer_trained_on": seen, **counts}
         tmp["meta.json"].write_text(json.dumps(meta, indent=2) + "\n")
     return meta
