@@ -137,7 +137,7 @@ def arc_fear(rng):
 
 
 def arc_help(rng):
-    return ["One day, {name} went to {place}. " + rng.choice(WEATHER),
+    return [("One day, {name} went to {place}. " + rng.choice(WEATHER)).rstrip(),
             "{He} heard a small sound. It was a little {pet}, and it {trouble}.",
             '"Oh no!" said {name}. "I must help."',
             pick(rng, "{He} was careful and kind. {He} {rescue}.",
