@@ -1,0 +1,159 @@
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from solutions import ex09_generate
+from tiny_llm.generate import (
+    complete,
+    generate,
+    next_token_probs,
+    plot_sampling,
+    top_k_filter,
+    top_p_filter,
+)
+from tiny_llm.gpt import GPT, GPTConfig
+
+
+class FixedLogits(nn.Module):
+    """A stand-in model: the same next-token logits at every position; records input lengths."""
+
+    def __init__(self, logits, max_seq_len=8):
+        super().__init__()
+        self.logits = nn.Parameter(torch.tensor(logits), requires_grad=False)
+        self.config = SimpleNamespace(max_seq_len=max_seq_len)
+        self.seen_lengths = []
+
+    def forward(self, idx, targets=None):
+        self.seen_lengths.append(idx.shape[1])
+        B, T = idx.shape
+        return self.logits.expand(B, T, -1), None
+
+
+def tiny_gpt(seed=0, max_seq_len=16):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=50, max_seq_len=max_seq_len, d_model=16, n_layers=1,
+                         n_heads=2)).eval()
+
+
+def test_top_k_never_samples_outside_the_k_largest():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 100)
+    allowed = set(torch.topk(logits, 5).indices[0].tolist())
+    probs = next_token_probs(logits, top_k=5)
+    generator = torch.Generator().manual_seed(1)
+    draws = torch.multinomial(probs, 2000, replacement=True, generator=generator)
+    assert set(draws[0].tolist()) <= allowed
+    assert int((probs > 0).sum()) == 5
+    assert math.isclose(probs.sum().item(), 1.0, rel_tol=1e-6)
+
+
+def test_top_k_keeps_exactly_k_even_with_ties_and_clamps_to_the_vocabulary():
+    logits = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert int(torch.isfinite(top_k_filter(logits, 2)).sum()) == 2
+    assert torch.equal(top_k_filter(logits, 10), logits)
+
+
+@pytest.mark.parametrize("top_p, kept", [(0.5, [0]), (0.75, [0, 1]), (0.76, [0, 1, 2]),
+                                         (1.0, [0, 1, 2, 3]), (1e-9, [0])])
+def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p(top_p, kept):
+    # probabilities 0.5, 0.25, 0.125, 0.125 are exact in binary, so the edges are sharp
+    logits = torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log()
+    probs = next_token_probs(logits, top_p=top_p)
+    assert torch.nonzero(probs[0]).flatten().tolist() == kept
+    assert math.isclose(probs.sum().item(), 1.0, rel_tol=1e-6)
+
+
+def test_top_p_works_on_unsorted_logits_row_by_row():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [3.0, 0.0, 1.0]])
+    kept = torch.isfinite(top_p_filter(logits, 0.9))  # probabilities 0.84, 0.11, 0.04
+    assert kept.tolist() == [[False, True, True], [True, False, True]]
+
+
+def test_temperature_zero_is_argmax():
+    model = FixedLogits([0.1, 2.0, 1.9, -1.0])
+    out = generate(model, torch.tensor([[0]]), 5, temperature=0, eot_id=None)
+    assert out[0, 1:].tolist() == [1] * 5
+
+
+def test_low_temperature_sharpens_and_high_temperature_flattens():
+    logits = torch.tensor([[2.0, 1.0, 0.0]])
+    top = [next_token_probs(logits, temperature=t)[0, 0].item() for t in (0.5, 1.0, 2.0)]
+    assert top[0] > top[1] > top[2] > 1 / 3
+
+
+def test_the_same_seed_gives_the_same_text():
+    model = tiny_gpt()
+    prompt = torch.tensor([[1, 2, 3]])
+    runs = [generate(model, prompt, 20, generator=torch.Generator().manual_seed(s), eot_id=None)
+            for s in (7, 7, 8)]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+
+
+def test_generation_stops_after_the_eot_token():
+    model = FixedLogits([10.0, 0.0, 0.0])  # id 0, the EOT, is by far the most likely
+    out = generate(model, torch.tensor([[1, 2]]), 10, generator=torch.Generator().manual_seed(0))
+    assert out.tolist() == [[1, 2, 0]]
+    longer = generate(model, torch.tensor([[1, 2]]), 10, temperature=0, eot_id=None)
+    assert longer.shape == (1, 12)
+
+
+def test_context_is_cropped_to_max_seq_len():
+    model = FixedLogits([0.0, 1.0], max_seq_len=8)
+    out = generate(model, torch.ones(1, 20, dtype=torch.long), 5, temperature=0, eot_id=None)
+    assert out.shape == (1, 25)
+    assert max(model.seen_lengths) == 8
+    gpt = tiny_gpt(max_seq_len=8)  # a real GPT refuses T > 8, so cropping is what makes this work
+    assert generate(gpt, torch.tensor([[1, 2, 3]]), 12, eot_id=None).shape == (1, 15)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"temperature": -1.0}, "temperature must be a number >= 0"),
+    ({"temperature": float("nan")}, "temperature must be a number >= 0"),
+    ({"top_k": 0}, "top_k must be a positive int"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    ({"max_new_tokens": -1}, "max_new_tokens must be an int >= 0"),
+])
+def test_bad_sampling_settings_are_refused(kwargs, match):
+    args = {"max_new_tokens": 3, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        generate(tiny_gpt(), torch.tensor([[1]]), **args)
+
+
+def test_prompt_must_be_one_row_of_ids():
+    with pytest.raises(ValueError, match=r"\(1, T\) tensor.*got \(3,\)"):
+        generate(tiny_gpt(), torch.tensor([1, 2, 3]), 2)
+    with pytest.raises(ValueError, match=r"got \(1, 0\).*\[\[eot_id\]\]"):
+        generate(tiny_gpt(), torch.zeros(1, 0, dtype=torch.long), 2)
+
+
+def test_complete_starts_an_empty_prompt_from_eot():
+    class Chars:
+        def encode(self, text):
+            return SimpleNamespace(ids=[ord(c) - 96 for c in text])
+
+        def decode(self, ids):
+            return "".join(chr(i + 96) for i in ids if i)
+
+    text = complete(FixedLogits([0.0, 0.0, 5.0]), Chars(), "", 3, temperature=0, eot_id=None)
+    assert text == "bbb"  # id 2 three times; the leading EOT (id 0) decodes to nothing
+
+
+def test_plot_sampling_writes_a_png(tmp_path):
+    plot_sampling(tmp_path / "sampling.png")
+    assert (tmp_path / "sampling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_solutions():
+    assert ex09_generate.exercise_1_top_p_by_hand() == {
+        0.3: [0], 0.5: [0, 1], 0.75: [0, 1, 2], 0.95: [0, 1, 2, 3]}
+    entropies = ex09_generate.exercise_2_entropy_by_temperature()
+    assert list(entropies) == [0.25, 0.5, 1.0, 2.0, 4.0]
+    values = list(entropies.values())
+    assert values == sorted(values) and values[-1] < math.log(5) + 1e-9
+    assert ex09_generate.exercise_3_loop_top_p_matches(trials=50)
+    assert ex09_generate.exercise_4_untrained_greedy_repeats() > 0.5  # chance: 1 in 4096

@@ -1,0 +1,131 @@
+"""Shared helper: save a model (and a training run) to one file, and load it back safely.
+
+A checkpoint is a plain dict written with `torch.save`:
+
+    {"model": state_dict, "config": {GPTConfig fields}, "step": 1200, "tokenizer_sha256": "9f2c...",
+     "data_source": "sample",                                     # which data it was trained on
+     "optimizer": ..., "rng": ..., "data_position": ..., "train_config": ...}   # training only
+
+Only plain types and tensors go in, so it loads with `weights_only=True`: loading a checkpoint
+never runs code from the file. Steps 09 (generate) and 10 (train) and everything after use it.
+Training also needs the state of every random generator, and a way to stop on Ctrl-C between
+two steps, where the state is consistent and worth saving: both are here too.
+"""
+
+import random
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tiny_llm.files import atomic_path
+from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.paths import DATA_DIR
+from tiny_llm.tokenize import tokenizer_sha256
+
+REQUIRED_KEYS = ("model", "config", "step", "tokenizer_sha256")
+
+
+def save_checkpoint(path, state):
+    """Write `state` to `path` atomically: a crash leaves the old file, never half of a new one."""
+    missing = [key for key in REQUIRED_KEYS if key not in state]
+    if missing:
+        raise ValueError(f"a checkpoint needs the keys {REQUIRED_KEYS}; missing {missing}")
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path, device="cpu", data_dir=None):
+    """Read a checkpoint dict, with tensors placed on `device`; clear errors for bad files.
+
+    With `data_dir`, also check that its prepared tokenizer is the one the model learned.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no checkpoint at {path}: train one with `uv run python -m tiny_llm.train`"
+            f" (it writes runs/<preset>/ckpt.pt) or pass the path of an existing one"
+        )
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:  # torch raises several kinds for truncated or foreign files
+        raise ValueError(
+            f"{path} could not be read as a checkpoint ({type(err).__name__}: {str(err)[:200]}); "
+            f"it is truncated or not a tiny-llm checkpoint: train again or pick another file"
+        ) from None
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
+        found = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(
+            f"{path} is not a tiny-llm checkpoint: expected the keys {REQUIRED_KEYS}, found {found}"
+        )
+    if data_dir is not None:
+        check_tokenizer(state, data_dir, path)
+    return state
+
+
+def check_tokenizer(ckpt, data_dir=DATA_DIR, path="the checkpoint"):
+    """Raise if the checkpoint was trained with a different tokenizer from the one in `data_dir`.
+
+    Token ids only mean something under the tokenizer that made them: id 812 may be " dog" in
+    one vocabulary and " sky" in another, so a mismatch would give fluent-looking garbage.
+    """
+    prepared = tokenizer_sha256(Path(data_dir) / "tokenizer.json")
+    if ckpt["tokenizer_sha256"] != prepared:
+        source = ckpt.get("data_source", "unknown data")
+        raise ValueError(
+            f"{path} was trained with a different tokenizer (data source: {source}, tokenizer "
+            f"sha256 {ckpt['tokenizer_sha256'][:12]}...) from the one prepared in {data_dir} "
+            f"(sha256 {prepared[:12]}...). Re-prepare that data with "
+            f"`uv run python -m tiny_llm.data --source {source}`, or pass --data-dir pointing at "
+            f"the folder the checkpoint was trained with."
+        )
+
+
+def model_from_checkpoint(path, device="cpu", data_dir=DATA_DIR):
+    """Rebuild the GPT saved in `path` (in eval mode, on `device`); return (model, ckpt)."""
+    ckpt = load_checkpoint(path, device=device, data_dir=data_dir)
+    model = GPT(GPTConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), ckpt
+
+
+def rng_state(data_gen):
+    """Every random generator a run draws from (Python, NumPy, torch, CUDA, the batches')."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+             "data": data_gen.get_state()}  # NumPy's array travels as a tensor: weights_only
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state, data_gen):
+    """Put every generator back where rng_state() found it."""
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    data_gen.set_state(state["data"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def stop_on_ctrl_c():
+    """Yield an Event that Ctrl-C sets instead of raising KeyboardInterrupt, so the loop can
+    finish its step and save a consistent state. A second Ctrl-C interrupts at once."""
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        stop.set()
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, handler)  # main thread only, like every handler
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)

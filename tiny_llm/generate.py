@@ -1,0 +1,217 @@
+"""Step 09: making the model write.
+
+The GPT of step 08 gives, at every position, logits over the whole vocabulary for the next
+token. Writing is a loop: run the model on the text so far, turn the last position's logits
+into probabilities, pick one token, append it, repeat. How the token is picked decides the
+style: always the most likely one (greedy), or a random draw whose spread is shaped by
+temperature, top-k and top-p. Writing stops at `<|endoftext|>`, the token that ends a story.
+
+Run the check:  uv run python -m tiny_llm.generate   (an untrained model: expect gibberish)
+With a trained model:  uv run python -m tiny_llm.generate --checkpoint runs/small/ckpt.pt
+"""
+
+import argparse
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tiny_llm.checkpoint import model_from_checkpoint
+from tiny_llm.device import pick_device
+from tiny_llm.files import atomic_path
+from tiny_llm.gpt import GPT, PRESETS
+from tiny_llm.paths import DATA_DIR
+from tiny_llm.tokenize import load_tokenizer
+
+DEFAULTS = {"temperature": 0.8, "top_k": 50, "top_p": None}  # the command line's sampling
+
+
+def check_sampling(temperature, top_k, top_p):
+    """Raise a clear error for sampling settings that make no sense."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+        math.isfinite(temperature) and temperature >= 0
+    ):
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive int (or None for no limit), got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] (or None for no limit), got {top_p!r}")
+
+
+def top_k_filter(logits, top_k):
+    """Keep the `top_k` largest logits of each row; the rest become -inf (probability 0).
+
+    [2.0, 1.0, 3.0, 0.5] with top_k=2 -> [2.0, -inf, 3.0, -inf]
+    """
+    top_k = min(top_k, logits.shape[-1])  # asking for more tokens than exist keeps them all
+    values, indices = torch.topk(logits, top_k, dim=-1)
+    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+
+
+def top_p_filter(logits, top_p):
+    """Keep the smallest set of most likely tokens whose probability adds up to at least top_p.
+
+    probs [0.5, 0.25, 0.125, 0.125]: top_p=0.75 keeps 2 tokens, top_p=0.8 keeps 3.
+    """
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    probs = F.softmax(sorted_logits, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each token
+    # a token is dropped when the tokens above it already reach top_p; the first never is
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def next_token_probs(logits, temperature=1.0, top_k=None, top_p=None):
+    """(B, V) logits -> (B, V) probabilities after temperature (> 0), then top-k, then top-p."""
+    logits = logits.float() / temperature  # below 1 sharpens the distribution, above 1 flattens
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    return F.softmax(logits, dim=-1)
+
+
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+             generator=None, eot_id=0):
+    """Append up to `max_new_tokens` sampled tokens to the prompt `idx`.
+
+    (1, T) int64 prompt in, (1, T + n) out with n <= max_new_tokens: it stops early, after
+    appending `eot_id`, when the model ends the story (eot_id=None never stops early).
+    temperature 0 is greedy (always the most likely token); `generator` makes draws repeatable.
+    """
+    check_sampling(temperature, top_k, top_p)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.shape[1] < 1:
+        shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"idx must be a (1, T) tensor of token ids with T >= 1, got {shape}: "
+                         "for an empty prompt start from [[eot_id]]")
+    model.eval()
+    for _ in range(max_new_tokens):
+        context = idx[:, -model.config.max_seq_len:]  # the model has no positions beyond this
+        logits, _ = model(context)
+        logits = logits[:, -1, :]  # (1, V): only the last position predicts the next token
+        if temperature == 0:
+            next_id = logits.argmax(dim=-1, keepdim=True)
+        else:
+            probs = next_token_probs(logits, temperature, top_k, top_p)
+            next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (1, 1)
+        idx = torch.cat([idx, next_id], dim=1)
+        if eot_id is not None and next_id.item() == eot_id:
+            break
+    return idx
+
+
+def complete(model, tokenizer, prompt, max_new_tokens, generator=None, **sampling):
+    """Text in, text out: encode `prompt` ('' starts a new story), generate, decode."""
+    ids = tokenizer.encode(prompt).ids or [0]  # an empty prompt starts right after an EOT
+    idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
+    out = generate(model, idx, max_new_tokens, generator=generator, **sampling)
+    return tokenizer.decode(out[0].tolist())  # decode drops the EOT tokens
+
+
+def story_from_checkpoint(path, max_new_tokens=200, seed=1337, device="cpu", data_dir=DATA_DIR,
+                          prompt="Once upon a time"):
+    """The text `uv run python -m tiny_llm.generate --checkpoint path --seed seed` prints."""
+    model, _ = model_from_checkpoint(path, device, data_dir=data_dir)
+    tokenizer = load_tokenizer(Path(data_dir) / "tokenizer.json")
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return complete(model, tokenizer, prompt, max_new_tokens, generator, **DEFAULTS)
+
+
+def plot_sampling(path):
+    """Draw one made-up next-token distribution as each sampling control reshapes it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    words = ["mat", "floor", "bed", "chair", "box", "roof", "moon", "idea"]
+    logits = torch.tensor([[3.0, 2.2, 1.8, 1.5, 1.0, 0.2, -0.8, -2.0]])
+    panels = [("temperature 1.0", {}), ("temperature 0.5", {"temperature": 0.5}),
+              ("temperature 2.0", {"temperature": 2.0}), ("top-k 3", {"top_k": 3}),
+              ("top-p 0.9", {"top_p": 0.9})]
+    fig, axes = plt.subplots(1, len(panels), figsize=(15, 3), sharey=True)
+    for ax, (title, settings) in zip(axes, panels, strict=True):
+        ax.bar(words, next_token_probs(logits, **settings)[0].tolist(), color="tab:blue")
+        ax.set_title(title)
+        ax.tick_params(axis="x", rotation=60)
+    axes[0].set_ylabel('p(next word | "The cat sat on the")')
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description="Step 09: sample text from a GPT.")
+    parser.add_argument("--checkpoint", default=None, help="a ckpt.pt from tiny_llm.train "
+                        "(default: an untrained tiny model, to see what training has to fix)")
+    parser.add_argument("--prompt", default="Once upon a time", help="'' starts a new story")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=DEFAULTS["temperature"],
+                        help="0: greedy")
+    parser.add_argument("--top-k", type=int, default=DEFAULTS["top_k"], help="0: no limit")
+    parser.add_argument("--top-p", type=float, default=DEFAULTS["top_p"])
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="where tokenizer.json is")
+    parser.add_argument("--plot", type=Path, default=None, help="save the sampling picture here")
+    args = parser.parse_args()
+    try:
+        check_sampling(args.temperature, args.top_k or None, args.top_p)
+        if args.max_new_tokens < 0 or args.num_samples < 1 or args.seed < 0:
+            raise ValueError("--max-new-tokens and --seed must be >= 0 and --num-samples >= 1, "
+                             f"got {args.max_new_tokens}, {args.seed} and {args.num_samples}")
+    except ValueError as err:
+        parser.error(str(err))
+    return args
+
+
+def load_model(args, device, vocab_size):
+    """The trained model from --checkpoint, or a seeded untrained tiny GPT; with a description."""
+    if args.checkpoint is not None:
+        model, ckpt = model_from_checkpoint(args.checkpoint, device, data_dir=args.data_dir)
+        return model, f"{args.checkpoint} (step {ckpt['step']:,})"
+    torch.manual_seed(args.seed)
+    model = GPT(replace(PRESETS["tiny"], vocab_size=vocab_size)).to(device).eval()
+    return model, f"untrained tiny GPT, {model.num_params():,} parameters (no --checkpoint)"
+
+
+def main():
+    args = parse_args()
+    if args.plot is not None:
+        plot_sampling(args.plot)
+        print(f"{'saved':<12} {args.plot}")
+        return
+    device = pick_device(args.device)
+    try:
+        tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
+        model, description = load_model(args, device, tokenizer.get_vocab_size())
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    ids = (tokenizer.encode(args.prompt).ids or [0])[-model.config.max_seq_len:]
+    with torch.no_grad():  # the distribution of the first new token, to see what sampling sees
+        logits = model(torch.tensor([ids], device=device))[0][:, -1, :]
+    probs, vocab_size = next_token_probs(logits), logits.shape[-1]
+    kept = int((next_token_probs(logits, top_p=0.9) > 0).sum())
+    print(f"{'model':<12} {description}")
+    print(f"{'prompt':<12} {args.prompt!r}, {len(ids)} tokens")
+    print(f"{'next token':<12} most likely p={probs.max().item():.4f} (uniform: "
+          f"{1 / vocab_size:.4f}); top-p 0.9 keeps {kept:,} of {vocab_size:,} tokens")
+    sampling = {"temperature": args.temperature, "top_k": args.top_k or None,
+                "top_p": args.top_p}
+    print(f"{'sampling':<12} " + ", ".join(f"{k} {v}" for k, v in sampling.items())
+          + f", seed {args.seed}")
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    for i in range(args.num_samples):
+        text = complete(model, tokenizer, args.prompt, args.max_new_tokens, generator, **sampling)
+        print(f"{f'sample {i + 1}':<12} {text}")
+
+
+if __name__ == "__main__":
+    main()
