@@ -1,0 +1,156 @@
+import math
+from dataclasses import asdict, replace
+
+import pytest
+import torch
+
+from solutions import ex08_gpt
+from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS, GPTConfig
+
+SMALL_VOCAB = replace(PRESETS["tiny"], vocab_size=256)  # the tiny preset with a narrow head: fast
+
+
+def make(config=SMALL_VOCAB, seed=0):
+    torch.manual_seed(seed)
+    return GPT(config)
+
+
+def test_presets_are_valid_configs_and_the_default_is_one_of_them():
+    assert DEFAULT_PRESET == "small" and {"tiny", "small"} <= set(PRESETS)
+    for config in PRESETS.values():
+        assert isinstance(config, GPTConfig) and config.vocab_size == 4096
+    assert PRESETS["tiny"].d_model * PRESETS["tiny"].n_layers < PRESETS["small"].d_model * 4
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"d_model": 100, "n_heads": 3}, ValueError, "d_model=100 is not divisible by n_heads=3"),
+        ({"n_layers": 0}, ValueError, "n_layers must be at least 1, got 0"),
+        ({"vocab_size": 4096.0}, TypeError, "vocab_size must be an int, got 4096.0"),
+        ({"max_seq_len": True}, TypeError, "max_seq_len must be an int, got True"),
+        ({"dropout": 1.0}, ValueError, r"dropout must be a number in \[0, 1\), got 1.0"),
+    ],
+)
+def test_config_errors_name_the_field_and_the_value(changes, error, message):
+    with pytest.raises(error, match=message):
+        GPTConfig(**changes)
+
+
+def test_gpt_wants_a_config():
+    with pytest.raises(TypeError, match=r"GPT expects a GPTConfig, got dict"):
+        GPT(asdict(PRESETS["tiny"]))
+
+
+def test_forward_gives_logits_for_every_position_and_loss_only_with_targets():
+    model = make()
+    idx = torch.randint(0, 256, (2, 10))
+    logits, loss = model(idx)
+    assert logits.shape == (2, 10, 256) and loss is None
+    _, loss = model(idx, torch.randint(0, 256, (2, 10)))
+    assert loss.dim() == 0 and torch.isfinite(loss)
+
+
+def test_head_weight_is_the_token_embedding():
+    model = make()
+    assert model.head.weight is model.embed.tok_emb.weight
+    assert model.head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
+
+
+def test_a_gradient_step_keeps_the_tied_weights_one_matrix():
+    model = make()
+    before = model.head.weight.detach().clone()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _, loss = model(torch.randint(0, 256, (2, 8)), torch.randint(0, 256, (2, 8)))
+    loss.backward()
+    optimizer.step()
+    assert not torch.equal(model.head.weight, before)
+    assert torch.equal(model.head.weight, model.embed.tok_emb.weight)
+    assert model.head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
+
+
+def test_tying_survives_a_state_dict_round_trip():
+    model, other = make(seed=0), make(seed=1)
+    other.load_state_dict(model.state_dict())
+    assert other.head.weight is other.embed.tok_emb.weight
+    assert torch.equal(other.head.weight, model.head.weight)
+
+
+def test_initial_loss_is_near_ln_vocab_size():
+    model = make(PRESETS["tiny"])
+    idx, targets = torch.randint(0, 4096, (2, 64)), torch.randint(0, 4096, (2, 64))
+    with torch.no_grad():
+        _, loss = model(idx, targets)
+    assert abs(loss.item() - math.log(4096)) < 0.1
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_parameter_counts_follow_the_formula(name):
+    c = PRESETS[name]
+    V, T, d, L = c.vocab_size, c.max_seq_len, c.d_model, c.n_layers
+    model = GPT(c)
+    non_embedding = L * (12 * d * d + 13 * d) + 2 * d
+    assert model.num_params(non_embedding=True) == non_embedding
+    assert model.num_params() == non_embedding + V * d + T * d  # the tied matrix counted once
+
+
+def test_the_model_is_causal():
+    model = make().eval()
+    idx = torch.randint(0, 256, (1, 12))
+    changed = idx.clone()
+    changed[0, 8:] = (changed[0, 8:] + 1) % 256
+    with torch.no_grad():
+        a, b = model(idx)[0], model(changed)[0]
+    assert torch.allclose(a[:, :8], b[:, :8], atol=1e-5)
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+def test_targets_of_minus_one_are_ignored():
+    loss, kept = ex08_gpt.exercise_5_ignore_index()
+    assert loss == pytest.approx(kept, abs=1e-6)
+
+
+def test_bad_idx_and_targets_are_refused():
+    model = make()
+    idx = torch.randint(0, 256, (2, 8))
+    with pytest.raises(ValueError, match=r"targets shape \(2, 7\) does not match idx shape"):
+        model(idx, idx[:, :7])
+    with pytest.raises(TypeError, match="targets must be integer token ids, got torch.float32"):
+        model(idx, idx.float())
+    outside = torch.zeros(2, 8, dtype=torch.long)
+    outside[1, 3] = 256
+    with pytest.raises(ValueError, match=r"or -1 \(ignored\), got values from 0 to 256"):
+        model(idx, outside)
+    with pytest.raises(ValueError, match="token id 256 is outside the vocabulary"):
+        model(torch.full((1, 4), 256))
+    with pytest.raises(ValueError, match="T=65 exceeds max_seq_len=64"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_a_tiny_gpt_memorises_one_batch_in_50_adam_steps():
+    model = make()
+    idx, targets = torch.randint(0, 256, (4, 32)), torch.randint(0, 256, (4, 32))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(50):
+        _, loss = model(idx, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(math.log(256), abs=0.1)
+    assert losses[-1] < 0.5  # random targets: only memorising them gets the loss this low
+
+
+def test_solutions():
+    by_hand, counted = ex08_gpt.exercise_1_count_by_hand()
+    assert by_hand == counted == 1_350_400
+    saved, share = ex08_gpt.exercise_2_tying_saves()
+    assert saved == 4096 * 128 and 0.27 < share < 0.29
+    losses = ex08_gpt.exercise_3_initial_loss()
+    assert losses["uniform logits"] == pytest.approx(math.log(4096), abs=1e-4)
+    assert abs(losses["init std 0.02"] - losses["ln V"]) < 0.1
+    assert losses["embeddings std 1"] > 2 * losses["ln V"]
+    flops, head_share = ex08_gpt.exercise_4_flops_per_token()
+    assert flops["total"] == 6 * (4 * 12 * 128**2 + 4096 * 128) + 12 * 4 * 256 * 128
+    assert 0.3 < head_share < 0.4

@@ -1,0 +1,174 @@
+"""Step 07: the transformer block.
+
+A GPT is the same block stacked n_layers times. Each block reads the *residual stream* x, lets
+attention mix information across positions, then lets an MLP think about each position on its
+own, and adds both results back onto x:
+
+    x = x + attn(ln_1(x))      # talk to the other positions
+    x = x + mlp(ln_2(x))       # compute, one position at a time
+
+LayerNorm keeps what each sublayer reads at a steady scale; the additions keep a straight path
+from the input to the output for the gradient. `init_weights` starts the weights small and the
+residual output projections smaller still, so the stream does not grow with depth.
+
+Run the check:  uv run python -m tiny_llm.block   (--plot FILE.png also draws the std curves)
+"""
+
+import argparse
+import math
+
+import torch
+import torch.nn as nn
+
+from tiny_llm.device import seed_everything
+from tiny_llm.files import atomic_path
+from tiny_llm.multihead import MultiHeadAttention
+
+
+class LayerNorm(nn.Module):
+    """Normalise each position's vector to mean 0 and variance 1, then scale and shift it.
+
+    (..., d_model) in, same shape out. `weight` (the gain, starts at 1) and `bias` (starts at 0)
+    are learned per channel, so the model can undo the normalisation where that helps.
+    """
+
+    def __init__(self, d_model, eps=1e-5):
+        super().__init__()
+        self.eps = eps  # keeps the division finite when a vector is constant
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x):
+        mean = x.mean(dim=-1, keepdim=True)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)  # divide by d_model, as nn.LayerNorm does
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network: d_model -> 4·d_model -> GELU -> d_model.
+
+    (B, T, d_model) in, (B, T, d_model) out; each position is computed on its own.
+    """
+
+    def __init__(self, d_model, dropout=0.0):
+        super().__init__()
+        self.fc = nn.Linear(d_model, 4 * d_model)  # widen: room for many features per token
+        self.gelu = nn.GELU()
+        self.proj = nn.Linear(4 * d_model, d_model)  # back to the residual stream
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.proj(self.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: (B, T, d_model) -> (B, T, d_model)."""
+
+    def __init__(self, d_model, n_heads, max_seq_len, dropout=0.0):
+        super().__init__()
+        self.ln_1 = LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads, max_seq_len, dropout)
+        self.ln_2 = LayerNorm(d_model)
+        self.mlp = MLP(d_model, dropout)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+def init_weights(module, n_layers):
+    """GPT-2 style initialisation, in place; returns `module`.
+
+    Linear and Embedding weights ~ N(0, 0.02²), Linear biases 0. Every `*.proj.weight` (the
+    attention and MLP outputs that are added onto the residual stream) gets the smaller std
+    0.02/√(2·n_layers): a model makes 2·n_layers such additions, and this keeps their summed
+    variance the same whatever the depth. LayerNorm keeps its gain 1 and bias 0.
+    """
+    if not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+    residual_std = 0.02 / math.sqrt(2 * n_layers)
+    for name, p in module.named_parameters():
+        if name.split(".")[-2:] == ["proj", "weight"]:
+            nn.init.normal_(p, mean=0.0, std=residual_std)
+    return module
+
+
+def residual_stds(n_layers=12, scaled=True, d_model=128, n_heads=4, seq_len=64, seed=1337):
+    """Std of the residual stream after each of `n_layers` freshly initialised blocks.
+
+    The stream starts as step 04's embedding does: two N(0, 0.02²) tables added. With
+    scaled=False the residual projections get the plain N(0, 0.02²) like every other weight.
+    """
+    seed_everything(seed)
+    x = torch.randn(16, seq_len, d_model) * 0.02 * math.sqrt(2)  # (B, T, C)
+    blocks = [Block(d_model, n_heads, seq_len) for _ in range(n_layers)]
+    for block in blocks:
+        init_weights(block, n_layers)
+        if not scaled:
+            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=0.02)
+            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=0.02)
+    stds = []
+    with torch.no_grad():
+        for block in blocks:
+            x = block(x)
+            stds.append(x.std().item())
+    return stds
+
+
+def plot_stds(plain, scaled, path):
+    """Draw both std curves and save them as a PNG; return the path."""
+    from matplotlib.figure import Figure  # imported here: only the check draws pictures
+
+    layers = range(1, len(plain) + 1)
+    fig = Figure(figsize=(6, 3.6), layout="constrained")
+    ax = fig.subplots()
+    ax.plot(layers, plain, "o-", label="every weight N(0, 0.02²)")
+    ax.plot(layers, scaled, "s-", label="residual projections 0.02/√(2·n_layers)")
+    ax.axhline(0.02 * math.sqrt(2), color="gray", ls=":", label="the embedding's std")
+    ax.set(xlabel="after block", ylabel="std of the residual stream", ylim=(0, None),
+           title=f"Residual stream at initialisation, {len(plain)} blocks, d_model 128")
+    ax.legend(loc="upper left")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+    return path
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Step 07: LayerNorm, MLP, Block, init.")
+    parser.add_argument("--plot", default=None, help="also save the std curves to this PNG")
+    args = parser.parse_args()
+
+    seed_everything(1337)
+    x = torch.randn(4, 16, 128) * 3 + 1  # (B, T, C), far from mean 0 / std 1 on purpose
+    ours, reference = LayerNorm(128), nn.LayerNorm(128)
+    block = Block(d_model=128, n_heads=4, max_seq_len=64)
+    init_weights(block, n_layers=12)
+    params = sum(p.numel() for p in block.parameters())
+    y = ours(x)
+    largest = (y - reference(x)).abs().max().item()
+    print(f"{'input mean, std':<28} {x.mean().item():.3f}, {x.std().item():.3f}")
+    print(f"{'LayerNorm mean, std':<28} {abs(y.mean().item()):.3f}, {y.std().item():.3f}")
+    print(f"{'max |ours - nn.LayerNorm|':<28} {largest:.1e}")
+    print(f"{'agree within 1e-5':<28} {largest < 1e-5}")
+    print(f"{'block in, out':<28} {tuple(x.shape)} -> {tuple(block(x).shape)}")
+    print(f"{'block parameters':<28} {params:,}")
+    print(f"{'12·d² + 13·d':<28} {12 * 128**2 + 13 * 128:,}")
+    print(f"{'init std qkv, attn.proj':<28} {block.attn.qkv.weight.std().item():.4f}, "
+          f"{block.attn.proj.weight.std().item():.4f}")
+    print()
+    plain, scaled = residual_stds(scaled=False), residual_stds(scaled=True)
+    print(f"{'std after block':<16} {'plain init':>12} {'scaled init':>12}")
+    for i, (a, b) in enumerate(zip(plain, scaled, strict=True), start=1):
+        print(f"{i:<16} {a:>12.4f} {b:>12.4f}")
+    if args.plot:
+        print(f"{'plot':<16} {plot_stds(plain, scaled, args.plot)}")
+
+
+if __name__ == "__main__":
+    main()

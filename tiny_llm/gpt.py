@@ -1,0 +1,160 @@
+"""Step 08: the whole GPT.
+
+Everything is in place: step 04 turns ids into vectors, step 07's blocks transform them, and
+now a final LayerNorm and an output layer turn each position's vector into one score (a logit)
+per vocabulary entry: the model's guess for the next token. The output layer reuses the token
+embedding matrix (weight tying), and `forward` can also score the guesses with cross-entropy.
+
+Run the check:  uv run python -m tiny_llm.gpt
+"""
+
+import argparse
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tiny_llm.block import Block, LayerNorm, init_weights
+from tiny_llm.device import seed_everything
+from tiny_llm.embed import Embed
+from tiny_llm.tokenize import VOCAB_SIZE
+
+
+@dataclass
+class GPTConfig:
+    """The size of a GPT. Every field is checked when the config is made."""
+
+    vocab_size: int = VOCAB_SIZE  # how many different token ids (step 02's tokenizer: 4096)
+    max_seq_len: int = 256  # the longest context the model can read (position table size)
+    d_model: int = 128  # width of the residual stream
+    n_layers: int = 4  # how many blocks
+    n_heads: int = 4  # attention heads per block; head size = d_model // n_heads
+    dropout: float = 0.0  # 0 for small data and short runs; 0.1 helps a long run overfit less
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"GPTConfig.{name} must be an int, got {value!r}")
+            if value < 1:
+                raise ValueError(f"GPTConfig.{name} must be at least 1, got {value}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"GPTConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
+                f"pick n_heads from the divisors of {self.d_model} (head size = d_model // n_heads)"
+            )
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
+
+
+# Named sizes. Times are for training with tiny_llm.train; see steps/08-gpt.md for measurements.
+PRESETS = {
+    "tiny": GPTConfig(max_seq_len=64, d_model=64, n_layers=2, n_heads=2),  # tests: seconds on CPU
+    "small": GPTConfig(max_seq_len=256, d_model=128, n_layers=4, n_heads=4),  # ~10 min on 2 cores
+    "medium": GPTConfig(max_seq_len=256, d_model=384, n_layers=6, n_heads=6, dropout=0.1),
+    "gpu": GPTConfig(max_seq_len=512, d_model=512, n_layers=8, n_heads=8, dropout=0.1),
+}
+DEFAULT_PRESET = "small"
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer: (B, T) token ids -> (B, T, vocab_size) next-token logits."""
+
+    def __init__(self, config):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPT expects a GPTConfig, got {type(config).__name__}: "
+                            "use GPT(GPTConfig(...)) or GPT(PRESETS['small'])")
+        self.config = config
+        c = config
+        self.embed = Embed(c.vocab_size, c.d_model, c.max_seq_len)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            [Block(c.d_model, c.n_heads, c.max_seq_len, c.dropout) for _ in range(c.n_layers)]
+        )
+        self.ln_f = LayerNorm(c.d_model)
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        # Weight tying: the head scores token v by a dot product with token v's own embedding,
+        # so reading and writing a token share one (vocab_size, d_model) matrix.
+        self.head.weight = self.embed.tok_emb.weight
+        init_weights(self, c.n_layers)
+
+    def forward(self, idx, targets=None):
+        """(B, T) int ids -> (logits (B, T, vocab_size), loss or None).
+
+        With `targets` (B, T) int ids (the next token at each position), loss is the mean
+        cross-entropy over every position; positions whose target is -1 are left out.
+        """
+        if targets is not None:
+            self._check_targets(idx, targets)
+        x = self.drop(self.embed(idx))  # (B, T, C); Embed checks the ids, dtype, rank and T
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        # cross_entropy wants (N, V) scores and (N,) targets: flatten batch and time together
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    def num_params(self, non_embedding=False):
+        """Count parameters; the tied embedding/head matrix is one tensor and counts once.
+
+        non_embedding=True leaves out both embedding tables (tok_emb, which is also the head,
+        and pos_emb) and returns what the blocks and ln_f hold:
+        n_layers·(12·d_model² + 13·d_model) + 2·d_model.
+        """
+        total = sum(p.numel() for p in self.parameters())  # parameters() yields a shared one once
+        if non_embedding:
+            total -= self.embed.tok_emb.weight.numel() + self.embed.pos_emb.weight.numel()
+        return total
+
+    def _check_targets(self, idx, targets):
+        if not torch.is_tensor(targets) or targets.is_floating_point():
+            kind = targets.dtype if torch.is_tensor(targets) else type(targets).__name__
+            raise TypeError(f"targets must be integer token ids, got {kind}: use y from get_batch")
+        if torch.is_tensor(idx) and targets.shape != idx.shape:
+            raise ValueError(
+                f"targets shape {tuple(targets.shape)} does not match idx shape "
+                f"{tuple(idx.shape)}: targets[b, t] is the token that follows idx[b, t]"
+            )
+        low, high = (targets.min().item(), targets.max().item()) if targets.numel() else (0, 0)
+        if low < -1 or high >= self.config.vocab_size:
+            raise ValueError(
+                f"targets must be token ids in [0, {self.config.vocab_size}) or -1 (ignored), "
+                f"got values from {low} to {high}"
+            )
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Step 08: build a GPT, count it, score it.")
+    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS))
+    args = parser.parse_args()
+
+    seed_everything(1337)
+    config = PRESETS[args.preset]
+    model = GPT(config).eval()
+    d, V = config.d_model, config.vocab_size
+    idx = torch.randint(0, V, (4, config.max_seq_len))  # random ids: nothing to predict
+    targets = torch.randint(0, V, (4, config.max_seq_len))
+    with torch.no_grad():
+        logits, loss = model(idx, targets)
+
+    print(f"{'preset':<26} {args.preset}")
+    print(f"{'config':<26} " + " ".join(f"{k}={v}" for k, v in asdict(config).items()))
+    print(f"{'parameters':<26} {model.num_params():,}")
+    print(f"{'  without embeddings':<26} {model.num_params(non_embedding=True):,}")
+    print(f"{'  L·(12·d² + 13·d) + 2·d':<26} {config.n_layers * (12 * d * d + 13 * d) + 2 * d:,}")
+    print(f"{'  tok_emb = head':<26} {V * d:,} (counted once)")
+    print(f"{'  pos_emb':<26} {config.max_seq_len * d:,}")
+    tied = model.head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
+    print(f"{'head shares tok_emb':<26} {tied}")
+    print(f"{'idx, logits':<26} {tuple(idx.shape)} -> {tuple(logits.shape)}")
+    print(f"{'initial loss':<26} {loss.item():.3f}")
+    print(f"{'ln(vocab_size)':<26} {math.log(V):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Step 06: multi-head attention.
+
+Step 05 built one attention head: every position asks one question (a query) and gets one
+weighted mix of values back. Here the model dimension is cut into `n_heads` slices of
+`head_size = d_model // n_heads`, and each slice attends on its own, so one position can look
+for a noun with one head and for the previous token with another. The heads' outputs are put
+side by side again and mixed by one output projection.
+
+Two ways to compute the same thing: the attention math written out (scores, causal mask,
+softmax) and PyTorch's fused `F.scaled_dot_product_attention`, which never stores the
+(T, T) score matrix. `use_sdpa` picks one; the check shows they agree.
+
+Run the check:  uv run python -m tiny_llm.multihead
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tiny_llm.device import seed_everything
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal self-attention with `n_heads` heads of size `d_model // n_heads`.
+
+    (B, T, d_model) float in, (B, T, d_model) float out, T <= max_seq_len. Output position t
+    depends on input positions 0..t only.
+    """
+
+    def __init__(self, d_model, n_heads, max_seq_len, dropout=0.0):
+        super().__init__()
+        sizes = {"d_model": d_model, "n_heads": n_heads, "max_seq_len": max_seq_len}
+        for name, value in sizes.items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if d_model % n_heads != 0:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by n_heads={n_heads}: every head gets "
+                f"d_model // n_heads dimensions, so pick n_heads from the divisors of {d_model}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_size = d_model // n_heads
+        self.max_seq_len = max_seq_len
+        self.dropout = dropout
+        self.use_sdpa = True  # False: the explicit path below, same numbers, more memory
+        self.qkv = nn.Linear(d_model, 3 * d_model)  # q, k and v of every head in one matmul
+        self.proj = nn.Linear(d_model, d_model)  # mixes the heads' outputs back together
+        self.attn_dropout = nn.Dropout(dropout)
+        self.resid_dropout = nn.Dropout(dropout)
+        # mask[i, j] is True where query i may look at key j (j <= i). Not saved with the
+        # weights (persistent=False): it is rebuilt from max_seq_len.
+        mask = torch.tril(torch.ones(max_seq_len, max_seq_len, dtype=torch.bool))
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, x):
+        """(B, T, d_model) -> (B, T, d_model)."""
+        B, T, C = self._check_input(x)
+        q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
+        # (B, T, C) -> (B, T, n_heads, head_size) -> (B, n_heads, T, head_size):
+        # the head becomes a batch dimension, so every head attends independently.
+        q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)
+        k = k.view(B, T, self.n_heads, self.head_size).transpose(1, 2)
+        v = v.view(B, T, self.n_heads, self.head_size).transpose(1, 2)
+        if self.use_sdpa:
+            p = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:
+            y = self.explicit_attention(q, k, v)
+        # (B, n_heads, T, head_size) -> (B, T, n_heads, head_size) -> (B, T, C): heads side by side
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+    def explicit_attention(self, q, k, v):
+        """softmax(q kᵀ / √head_size, causal) v for (B, n_heads, T, head_size) q, k, v."""
+        T = q.size(2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)  # (B, n_heads, T, T)
+        scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))  # no looking ahead
+        weights = self.attn_dropout(F.softmax(scores, dim=-1))  # each row sums to 1
+        return weights @ v  # (B, n_heads, T, head_size)
+
+    def _check_input(self, x):
+        if not torch.is_tensor(x) or not x.is_floating_point():
+            raise TypeError(f"MultiHeadAttention expects a float tensor, got {_describe(x)}")
+        if x.dim() != 3:
+            raise ValueError(
+                f"MultiHeadAttention expects (B, T, d_model) input, got shape {tuple(x.shape)}: "
+                "add a batch dimension with x.unsqueeze(0) for a single sequence"
+            )
+        B, T, C = x.shape
+        if C != self.d_model:
+            raise ValueError(f"last dimension is {C}, but this layer has d_model={self.d_model}")
+        if T > self.max_seq_len:
+            raise ValueError(
+                f"sequence length T={T} exceeds max_seq_len={self.max_seq_len}: keep the last "
+                f"{self.max_seq_len} positions (x[:, -{self.max_seq_len}:]) or build a longer model"
+            )
+        return B, T, C
+
+
+def _describe(x):
+    return f"{x.dtype} tensor" if torch.is_tensor(x) else type(x).__name__
+
+
+def main():
+    seed_everything(1337)
+    d_model, n_heads, max_seq_len = 64, 4, 32
+    attn = MultiHeadAttention(d_model, n_heads, max_seq_len).eval()
+    x = torch.randn(2, 16, d_model)  # (B, T, C)
+
+    attn.use_sdpa = False
+    y_explicit = attn(x)
+    attn.use_sdpa = True
+    y_sdpa = attn(x)
+
+    x_changed = x.clone()
+    x_changed[:, 10:] = torch.randn(2, 6, d_model)  # change positions 10..15 only
+    y_changed = attn(x_changed)
+    largest = (y_sdpa - y_explicit).abs().max().item()
+    params = sum(p.numel() for p in attn.parameters())
+    B, T = x.shape[:2]
+
+    print(f"{'input':<28} {tuple(x.shape)}")
+    print(f"{'heads x head_size':<28} {n_heads} x {attn.head_size} = {d_model}")
+    print(f"{'output':<28} {tuple(y_sdpa.shape)}")
+    print(f"{'max |sdpa - explicit|':<28} {largest:.1e}")
+    print(f"{'paths agree within 1e-6':<28} {largest < 1e-6}")
+    print(f"{'positions 0..9 unchanged':<28} {torch.equal(y_changed[:, :10], y_sdpa[:, :10])}")
+    print(f"{'positions 10..15 changed':<28} {not torch.equal(y_changed[:, 10:], y_sdpa[:, 10:])}")
+    print(f"{'score matrix (explicit)':<28} {B * n_heads * T * T:,} floats = B x heads x T x T")
+    print(f"{'parameters':<28} {params:,}")
+    print(f"{'4·d² + 4·d':<28} {4 * d_model**2 + 4 * d_model:,}")
+
+
+if __name__ == "__main__":
+    main()
