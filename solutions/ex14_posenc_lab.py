@@ -1,0 +1,86 @@
+"""Solutions to the exercises of step 14 (steps/14-positional-encoding-lab.md).
+
+Run them:  uv run python -m solutions.ex14_posenc_lab
+"""
+
+import math
+
+import torch
+
+from tiny_llm.embed import sinusoidal_table
+from tiny_llm.posenc import LearnedPositionalEncoding, RotaryEmbedding, alibi_slopes
+
+
+def exercise_1_slowest_wavelength(d_model=64):
+    """The last sin/cos pair, i = d/2 - 1, turns by θ = 10000^(-(d-2)/d) per position, so it
+    repeats every 2π / θ = 2π · 10000^((d-2)/d) positions: 47,117 for d_model = 64. Returns
+    (that formula, the same read back from the table: θ = asin of its sin column at t = 1).
+    """
+    formula = 2 * math.pi * 10000 ** ((d_model - 2) / d_model)
+    theta = math.asin(sinusoidal_table(2, d_model)[1, d_model - 2].item())
+    return formula, 2 * math.pi / theta
+
+
+def exercise_2_rope_depends_on_offset(head_size=16, offset=5, seed=0):
+    """Rotations compose: R(a)ᵀ R(b) = R(b - a), so (R(p) q)·(R(p') k) = q·R(p' - p) k.
+
+    Returns the scores of one q and one k placed `offset` apart at several positions p: all
+    equal up to float rounding, whatever p is.
+    """
+    torch.manual_seed(seed)
+    q, k = torch.randn(2, head_size)
+    rope = RotaryEmbedding(head_size, 256)
+    q_at = rope(q.expand(1, 1, 256, head_size))[0, 0]  # (256, head_size): q at every position
+    k_at = rope(k.expand(1, 1, 256, head_size))[0, 0]
+    return [(q_at[p + offset] @ k_at[p]).item() for p in (0, 10, 100, 250 - offset)]
+
+
+def exercise_3_alibi_slopes_for_6_heads():
+    """6 is not a power of two. The power of two below is 4: slopes 2^-2, 2^-4, 2^-6, 2^-8.
+    The two missing heads take every other slope of 8 heads (2^-1, 2^-3, 2^-5, 2^-7), the first
+    two of them: 2^-1 and 2^-3. So 1/4, 1/16, 1/64, 1/256, 1/2, 1/8.
+    """
+    return alibi_slopes(6).tolist()
+
+
+def exercise_4_untrained_rows(max_len=16, trained_len=8, steps=20, seed=0):
+    """A learned row gets a gradient only when its position occurs in a batch. Train a table
+    on sequences of `trained_len` and count the rows that moved: rows past the trained length
+    are still their random start, so a longer input would read noise (hence the error instead).
+    Returns (rows that changed, rows that did not).
+    """
+    torch.manual_seed(seed)
+    pos = LearnedPositionalEncoding(max_len, 4)
+    before = pos.pos_emb.weight.detach().clone()
+    optimizer = torch.optim.SGD(pos.parameters(), lr=0.1)
+    for _ in range(steps):
+        x = torch.randn(2, trained_len, 4)
+        loss = pos(x).pow(2).mean()  # any loss will do: what matters is which rows it reaches
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    moved = (pos.pos_emb.weight.detach() != before).any(dim=1)
+    return int(moved.sum()), int((~moved).sum())
+
+
+def exercise_5_position_from_the_causal_mask(T=6):
+    """With no positions at all, a causal model can still count. If every score is equal,
+    position t averages its t + 1 visible values; a marker value 1 at position 0 (the others 0)
+    comes out as 1 / (t + 1): a position signal made by the mask alone.
+    """
+    values = torch.zeros(T)
+    values[0] = 1.0
+    weights = torch.tril(torch.ones(T, T))
+    weights = weights / weights.sum(dim=1, keepdim=True)  # the softmax of equal scores
+    return (weights @ values).tolist()
+
+
+if __name__ == "__main__":
+    formula, measured = exercise_1_slowest_wavelength()
+    print("exercise 1:", f"slowest wavelength {formula:,.0f} positions, "
+          f"{measured:,.0f} read from the table")
+    print("exercise 2:", "scores at offset 5:", " ".join(f"{s:.4f}" for s in
+                                                       exercise_2_rope_depends_on_offset()))
+    print("exercise 3:", "slopes for 6 heads:", exercise_3_alibi_slopes_for_6_heads())
+    print("exercise 4:", "rows moved, rows untouched =", exercise_4_untrained_rows())
+    print("exercise 5:", " ".join(f"{v:.3f}" for v in exercise_5_position_from_the_causal_mask()))

@@ -1,0 +1,190 @@
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from solutions import ex14_posenc_lab
+from tiny_llm.posenc import (
+    LearnedPositionalEncoding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_bias,
+    alibi_slopes,
+    draw_figures,
+)
+from tiny_llm.posenc_lab import (
+    QUICK,
+    SCHEMES,
+    LabConfig,
+    LabGPT,
+    main,
+    print_report,
+    run_lab,
+    stretch,
+)
+
+TINY = dict(vocab_size=50, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
+
+
+@pytest.fixture(scope="module")
+def quick_lab(sample_data_dir):
+    """The --quick experiment on the sample corpus, run once for the tests below."""
+    return run_lab(QUICK, sample_data_dir, torch.device("cpu"))
+
+
+def test_sinusoidal_encoding_adds_the_closed_form():
+    enc = SinusoidalPositionalEncoding(max_len=50, d_model=16)
+    out = enc(torch.zeros(2, 50, 16))
+    for t in (0, 1, 7, 49):
+        for i in range(8):
+            angle = t / 10000 ** (2 * i / 16)
+            assert out[1, t, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+            assert out[1, t, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+
+
+def test_sinusoidal_table_is_a_buffer_not_a_parameter():
+    enc = SinusoidalPositionalEncoding(max_len=8, d_model=4)
+    assert list(enc.parameters()) == [] and "table" in dict(enc.named_buffers())
+    assert enc.state_dict() == {}  # rebuilt from the formula, never saved
+
+
+def test_learned_positions_reject_a_sequence_longer_than_max_len():
+    enc = LearnedPositionalEncoding(max_len=8, d_model=4)
+    assert enc(torch.zeros(1, 8, 4)).shape == (1, 8, 4)
+    with pytest.raises(ValueError, match="T=9 exceeds max_len=8: a learned table has no vector"):
+        enc(torch.zeros(1, 9, 4))
+
+
+def test_rope_keeps_vector_norms_and_leaves_position_zero_alone():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 40, 16)
+    y = RotaryEmbedding(head_size=16, max_len=40)(x)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(y[:, :, 0], x[:, :, 0])
+    assert not torch.allclose(y[:, :, 1:], x[:, :, 1:])
+
+
+def test_rope_scores_depend_only_on_the_offset():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 1, 1, 1, 8)
+    rope = RotaryEmbedding(head_size=8, max_len=32)
+    scores = rope(q.expand(1, 1, 32, 8))[0, 0] @ rope(k.expand(1, 1, 32, 8))[0, 0].T  # (32, 32)
+    for offset in (-5, 0, 1, 17):
+        diagonal = scores.diagonal(offset)  # every (p, p + offset) pair
+        torch.testing.assert_close(diagonal, diagonal[0].expand_as(diagonal), atol=1e-5, rtol=0)
+    assert scores.diagonal(0)[0] != pytest.approx(scores.diagonal(1)[0].item())
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
+def test_alibi_slopes_follow_the_geometric_rule_for_powers_of_two(n):
+    expected = torch.tensor([2 ** (-8 * i / n) for i in range(1, n + 1)])
+    torch.testing.assert_close(alibi_slopes(n), expected)
+
+
+def test_alibi_slopes_for_other_head_counts_interleave_the_next_power():
+    assert alibi_slopes(6).tolist() == [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]
+    assert len(alibi_slopes(12)) == 12 and alibi_slopes(12).max() < 1
+    with pytest.raises(ValueError, match="n_heads must be a positive int, got 0"):
+        alibi_slopes(0)
+
+
+def test_alibi_bias_is_linear_in_distance_and_causal():
+    bias = alibi_bias(2, 5)
+    assert bias.shape == (2, 5, 5)
+    assert bias[0, 4, 1].item() == pytest.approx(-3 * 2**-4)  # slope 1/16, distance 3
+    assert torch.isinf(bias[:, 1, 2]).all() and (bias.diagonal(dim1=1, dim2=2) == 0).all()
+
+
+def test_lab_config_rejects_bad_schemes():
+    with pytest.raises(ValueError, match="pos must be one of .* got 'relative'"):
+        LabConfig(**TINY, pos="relative")
+    with pytest.raises(ValueError, match="head size must be even; got d_model // n_heads = 5"):
+        LabConfig(vocab_size=50, d_model=20, n_heads=4, pos="rope")
+
+
+def test_every_scheme_starts_from_the_same_block_weights():
+    models = {}
+    for pos in SCHEMES:
+        torch.manual_seed(0)
+        models[pos] = LabGPT(LabConfig(**TINY, pos=pos))
+    for pos in SCHEMES[1:]:
+        torch.testing.assert_close(models[pos].blocks[1].mlp.fc.weight,
+                                   models["none"].blocks[1].mlp.fc.weight)
+    assert models["learned"].pos.pos_emb.weight.shape == (16, 32)
+
+
+@pytest.mark.parametrize("pos", [p for p in SCHEMES if p != "learned"])
+def test_stretch_rebuilds_a_formula_scheme_without_changing_it(pos):
+    torch.manual_seed(0)
+    model = LabGPT(LabConfig(**TINY, pos=pos)).eval()
+    idx = torch.randint(0, 50, (2, 16))
+    longer = stretch(model, 64)
+    torch.testing.assert_close(longer(idx)[0], model(idx)[0])
+    assert longer(torch.randint(0, 50, (1, 64)))[0].shape == (1, 64, 50)
+    with pytest.raises(ValueError, match="T=17 exceeds max_(seq_)?len=16"):
+        model(torch.randint(0, 50, (1, 17)))
+
+
+def test_stretch_refuses_learned_positions():
+    model = LabGPT(LabConfig(**TINY, pos="learned"))
+    with pytest.raises(ValueError, match="learned positions cannot be stretched"):
+        stretch(model, 32)
+
+
+def test_every_scheme_trains_with_a_falling_loss(quick_lab):
+    exp, meta, results = quick_lab
+    assert list(results) == list(SCHEMES)
+    for pos, r in results.items():
+        losses = r["losses"]
+        assert len(losses) == exp.steps
+        assert sum(losses[-5:]) / 5 < losses[0] - 1.0, f"{pos}: {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+def test_scores_at_longer_lengths_and_the_learned_refusal(quick_lab):
+    exp, meta, results = quick_lab
+    for r in results.values():
+        assert list(r["scores"]) == [exp.seq_len, 2 * exp.seq_len, 4 * exp.seq_len]
+        assert 0 < r["scores"][exp.seq_len] < math.log(meta["vocab_size"])
+    assert "exceeds max_len=32" in results["learned"]["scores"][64]
+    assert all(isinstance(v, float) for v in results["alibi"]["scores"].values())
+
+
+def test_the_report_names_every_scheme(quick_lab, capsys):
+    print_report(*quick_lab, seconds=1.0)
+    out = capsys.readouterr().out
+    for pos in ("none", "learned", "sinusoidal", "rope", "alibi"):
+        assert f"\n{pos} " in out
+    assert "cannot" in out and "learned at T=64: ValueError:" in out
+
+
+def test_main_rejects_a_bad_step_count(capsys):
+    with pytest.raises(SystemExit):
+        main(["--quick", "--steps", "0"])
+    assert "--steps must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_figures_are_drawn(tmp_path):
+    paths = draw_figures(tmp_path)
+    assert [p.name for p in paths] == ["14-position-signals.png", "14-similarity.png",
+                                       "14-alibi-bias.png", "14-rope-rotation.png"]
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(tmp_path.iterdir()) == sorted(paths)  # no temporary files left behind
+
+
+def test_solutions():
+    formula, measured = ex14_posenc_lab.exercise_1_slowest_wavelength(64)
+    assert round(formula) == 47117 and measured == pytest.approx(formula, rel=1e-3)
+    scores = ex14_posenc_lab.exercise_2_rope_depends_on_offset()
+    assert max(scores) - min(scores) < 1e-4
+    assert ex14_posenc_lab.exercise_3_alibi_slopes_for_6_heads() == [
+        1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8]
+    assert ex14_posenc_lab.exercise_4_untrained_rows(max_len=16, trained_len=8) == (8, 8)
+    assert ex14_posenc_lab.exercise_5_position_from_the_causal_mask(4) == pytest.approx(
+        [1, 1 / 2, 1 / 3, 1 / 4])
+
+
+def test_quick_budget_is_small():
+    assert QUICK.steps * QUICK.batch_size * QUICK.seq_len <= 20_000
+    assert replace(QUICK, steps=1).steps == 1
