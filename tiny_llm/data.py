@@ -51,8 +51,6 @@ def hub_reachable(timeout=3.0):
 def tinystories_pairs():
     """roneneldan/TinyStories through `datasets`: downloaded once, then read from its disk cache."""
     import datasets  # slow to import, and only preparing needs it
-    if not hub_reachable():
-        raise ConnectionError(f"cannot reach the Hugging Face Hub for TinyStories: {ALTERNATIVES}")
     try:
         splits = datasets.load_dataset("roneneldan/TinyStories")
     except OSError as error:  # the Hub's connection and HTTP errors are OSErrors
@@ -110,6 +108,8 @@ def open_source(source, valid=None):
         return lambda: ((split, story) for split, (n_stories, seed) in SAMPLE.items()
                         for story in generate_stories(n_stories, seed))
     if source == "tinystories":
+        if not hub_reachable():  # fail in seconds, not after datasets has retried for long
+            raise ConnectionError(f"cannot reach the Hugging Face Hub: {ALTERNATIVES}")
         return tinystories_pairs
     for path in (source, valid):
         if path is not None:
