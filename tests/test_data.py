@@ -281,3 +281,11 @@ def test_exercise_3_most_common_tokens(sample_data_dir):
 def test_exercise_4_every_token_seen():
     epoch, unseen = ex03_data.exercise_4_every_token_seen()
     assert epoch == 19 and 0.25 < unseen < 0.5  # about 1/e of the tokens never made it into x
+
+
+def test_exercise_5_plot_token_ranks(sample_data_dir, tmp_path):
+    counts = ex03_data.token_counts(sample_data_dir, chunk=1000)  # small chunks, same counts
+    assert counts.sum() == len(load_token_array(sample_data_dir / "train.bin"))
+    assert 0 < (counts > 0).sum() < load_meta(sample_data_dir)["vocab_size"]  # not every id occurs
+    path = ex03_data.exercise_5_plot_token_ranks(tmp_path / "ranks.png", [sample_data_dir])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
