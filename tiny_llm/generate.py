@@ -89,7 +89,8 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
         raise ValueError(f"idx must be a (1, T) tensor of token ids with T >= 1, got {shape}: "
                          "for an empty prompt start from [[eot_id]]")
-    model.eval()
+    was_training = model.training
+    model.eval()  # no dropout while writing
     for _ in range(max_new_tokens):
         context = idx[:, -model.config.max_seq_len:]  # the model has no positions beyond this
         logits, _ = model(context)
@@ -102,6 +103,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         idx = torch.cat([idx, next_id], dim=1)
         if eot_id is not None and next_id.item() == eot_id:
             break
+    model.train(was_training)
     return idx
 
 
@@ -135,8 +137,10 @@ def plot_sampling(path):
               ("temperature 2.0", {"temperature": 2.0}), ("top-k 3", {"top_k": 3}),
               ("top-p 0.9", {"top_p": 0.9})]
     fig, axes = plt.subplots(1, len(panels), figsize=(15, 3), sharey=True)
+    before = next_token_probs(logits)[0].tolist()
     for ax, (title, settings) in zip(axes, panels, strict=True):
-        ax.bar(words, next_token_probs(logits, **settings)[0].tolist(), color="tab:blue")
+        ax.bar(words, before, color="lightgrey")  # the distribution at temperature 1, behind
+        ax.bar(words, next_token_probs(logits, **settings)[0].tolist(), color="tab:blue", width=0.5)
         ax.set_title(title)
         ax.tick_params(axis="x", rotation=60)
     axes[0].set_ylabel('p(next word | "The cat sat on the")')
