@@ -13,6 +13,7 @@ from tiny_llm.attention import CausalSelfAttention
 from tiny_llm.data import DATA_DIR, ensure_data, get_batch, load_token_array
 from tiny_llm.device import seed_everything
 from tiny_llm.embed import Embed
+from tiny_llm.tokenize import VOCAB_SIZE
 
 
 def main():
@@ -24,7 +25,8 @@ def main():
     x, y = get_batch(data, batch_size=2, seq_len=12)
     print(f"{'get_batch':<10} x {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}")
 
-    embed = Embed(meta["vocab_size"], d_model=64, max_seq_len=64)  # vocab_size is 4096
+    # The course's vocabulary is 4096 (the sample corpus's tokenizer uses only its first 1,300).
+    embed = Embed(VOCAB_SIZE, d_model=64, max_seq_len=64)
     attn = CausalSelfAttention(d_model=64, max_seq_len=64)
     with torch.no_grad():
         h = embed(x)
