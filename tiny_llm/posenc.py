@@ -47,16 +47,17 @@ class LearnedPositionalEncoding(nn.Module):
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """Adds row t of step 04's sinusoidal_table: (B, T, D) in, (B, T, D) out, T <= max_len.
+    """Adds scale · row t of step 04's sinusoidal_table: (B, T, D) in, (B, T, D) out, T <= max_len.
 
     The table is a formula of t, so it lives in a buffer: not trained, not saved with the
     weights, and rebuilt for any max_len.
     """
 
-    def __init__(self, max_len, d_model):
+    def __init__(self, max_len, d_model, scale=1.0):
         super().__init__()
         self.max_len = max_len
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        table = scale * sinusoidal_table(max_len, d_model)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, x):
         T = x.shape[1]

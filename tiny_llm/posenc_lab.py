@@ -38,6 +38,9 @@ from tiny_llm.posenc import (
 from tiny_llm.train import TrainConfig, lr_at, param_groups, update
 
 SCHEMES = ("none", "learned", "sinusoidal", "rope", "alibi")
+# sin and cos have an RMS of 1/√2, 35 times the 0.02 of a token embedding at init: added as
+# they are, they drown the tokens out. Scaled by this, the table starts as big as a learned one.
+SINUSOIDAL_SCALE = 0.02 * math.sqrt(2)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class LabConfig(GPTConfig):
     """A GPTConfig plus `pos`, the position scheme: one of SCHEMES."""
 
     pos: str = "learned"
+    sinusoidal_scale: float = SINUSOIDAL_SCALE  # what the sinusoidal table is multiplied by
 
     def __post_init__(self):
         super().__post_init__()
@@ -100,7 +104,8 @@ def additive_positions(config):
     if config.pos == "learned":
         return LearnedPositionalEncoding(config.max_seq_len, config.d_model)
     if config.pos == "sinusoidal":
-        return SinusoidalPositionalEncoding(config.max_seq_len, config.d_model)
+        return SinusoidalPositionalEncoding(config.max_seq_len, config.d_model,
+                                            scale=config.sinusoidal_scale)
     return nn.Identity()  # none, rope, alibi: the blocks see tokens only
 
 
@@ -157,16 +162,18 @@ class Experiment:
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
-    seq_len: int = 64  # the trained length; evaluated at 1x, 2x and 4x
+    seq_len: int = 64  # the trained length; scored at 1x, 2x and 4x
     steps: int = 1200
     batch_size: int = 16
     lr: float = 3e-3
     eval_tokens: int = 65_536  # targets scored at every length: the same tokens each time
     seed: int = 1337
+    schemes: tuple = SCHEMES
+    sinusoidal_scale: float = SINUSOIDAL_SCALE
 
 
 DEFAULT = Experiment()
-QUICK = Experiment(d_model=32, n_layers=2, seq_len=32, steps=40, batch_size=8, eval_tokens=4096)
+QUICK = Experiment(d_model=32, seq_len=32, steps=100, batch_size=8, eval_tokens=4096)
 LENGTHS = (1, 2, 4)  # evaluation lengths, in multiples of the trained length
 
 
@@ -177,7 +184,8 @@ def train_scheme(pos, exp, data, vocab_size, device):
                       dtype="float32", seed=exp.seed)
     seed_everything(exp.seed)  # the same first weights for every scheme (see LabGPT)
     config = LabConfig(vocab_size=vocab_size, max_seq_len=exp.seq_len, d_model=exp.d_model,
-                       n_layers=exp.n_layers, n_heads=exp.n_heads, pos=pos)
+                       n_layers=exp.n_layers, n_heads=exp.n_heads, pos=pos,
+                       sinusoidal_scale=exp.sinusoidal_scale)
     model = LabGPT(config).to(device)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
                                   betas=(0.9, 0.95))
@@ -230,7 +238,7 @@ def run_lab(exp, data_dir, device):
         raise ValueError(f"valid.bin holds {len(valid_data):,} tokens, fewer than one window of "
                          f"{longest}: prepare a larger validation split")
     results = {}
-    for pos in SCHEMES:
+    for pos in exp.schemes:
         model, losses = train_scheme(pos, exp, train_data, meta["vocab_size"], device)
         results[pos] = {"params": sum(p.numel() for p in model.parameters()), "losses": losses,
                         "scores": score_lengths(model, valid_data, exp)}
@@ -238,56 +246,49 @@ def run_lab(exp, data_dir, device):
 
 
 def print_report(exp, meta, results, seconds):
-    """The table: train loss, then valid loss (bits per byte) at each length."""
+    """The setup, then one row per scheme: train loss, valid loss (bits per byte) at each T."""
     bits = meta["valid"]["tokens"] / meta["valid"]["bytes"] / math.log(2)  # nats/token -> bits/byte
-    tokens = exp.steps * exp.batch_size * exp.seq_len
-    print(f"{'data':<11} {meta['source']}: {meta['train']['tokens']:,} train tokens, "
+    print(f"{'data':<10} {meta['source']}: {meta['train']['tokens']:,} train tokens, "
           f"{meta['valid']['tokens']:,} valid tokens")
-    print(f"{'model':<11} d_model {exp.d_model}, {exp.n_layers} layers, {exp.n_heads} heads, "
-          f"trained at T = {exp.seq_len}")
-    print(f"{'budget':<11} {exp.steps:,} steps x {exp.batch_size} x {exp.seq_len} tokens = "
-          f"{tokens:,} tokens per scheme, seed {exp.seed}")
-    print(f"{'eval':<11} the same {exp.eval_tokens:,} valid tokens in windows of T; "
-          f"bits per byte = loss x {bits:.4f}")
-    print()
-    lengths = [k * exp.seq_len for k in LENGTHS]
-    print(f"{'':<11} {'':>7} {'train':>6}   valid loss (bits per byte) at")
-    heads = "".join(f"   {f'T={T}':<14}" for T in lengths)
-    print(f"{'scheme':<11} {'params':>7} {'loss':>6}{heads}")
+    print(f"{'model':<10} d_model {exp.d_model}, {exp.n_layers} layers, {exp.n_heads} heads, "
+          f"trained at T = {exp.seq_len}, seed {exp.seed}")
+    print(f"{'budget':<10} {exp.steps:,} steps x {exp.batch_size} x {exp.seq_len} = "
+          f"{exp.steps * exp.batch_size * exp.seq_len:,} tokens per scheme")
+    print(f"{'eval':<10} the same {exp.eval_tokens:,} valid tokens at each T; "
+          f"bits per byte = loss x {bits:.4f}\n")
+    print(f"{'':<10} {'':>7} {'train':>6}   valid loss (bits per byte) at")
+    print(f"{'scheme':<10} {'params':>7} {'loss':>6}"
+          + "".join(f"   {f'T={k * exp.seq_len}':<14}" for k in LENGTHS))
     errors = []
     for pos, r in results.items():
-        cells = []
-        for T, score in r["scores"].items():
-            if isinstance(score, str):
-                cells.append(f"{'cannot':<14}")
-                errors.append(f"{pos} at T={T}: {score}")
-            else:
-                cells.append(f"{score:.3f} ({score * bits:.3f})")
-        last = sum(r["losses"][-10:]) / len(r["losses"][-10:])  # the last 10 steps' mean
-        print(f"{pos:<11} {r['params']:>7,} {last:>6.3f}" + "".join(f"   {c:<14}" for c in cells))
-    print()
-    for line in errors:
-        print(line)
-    print(f"{'time':<11} {seconds:.0f} s")
+        cells = [f"{s:.3f} ({s * bits:.3f})" if isinstance(s, float) else "cannot"
+                 for s in r["scores"].values()]
+        errors += [f"{pos} at T={T}: {s}" for T, s in r["scores"].items() if isinstance(s, str)]
+        train = sum(r["losses"][-10:]) / len(r["losses"][-10:])  # the last 10 steps
+        print(f"{pos:<10} {r['params']:>7,} {train:>6.3f}" + "".join(f"   {c:<14}" for c in cells))
+    print("\n" + "\n".join(errors + [f"{'time':<10} {seconds:.0f} s"]))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Step 14: positional encodings side by side.")
     parser.add_argument("--quick", action="store_true", help="a tiny budget that runs in seconds")
     parser.add_argument("--steps", type=int, help="training steps per scheme (default 1200)")
+    parser.add_argument("--schemes", nargs="+", choices=SCHEMES, help="default: all five")
+    parser.add_argument("--sinusoidal-scale", type=float, help=f"default {SINUSOIDAL_SCALE:.4f}")
     parser.add_argument("--figures", metavar="DIR", help="draw the pictures into DIR and stop")
     parser.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
     parser.add_argument("--data-dir", default=str(DATA_DIR), help="prepared data")
     args = parser.parse_args(argv)
     if args.figures:
         for path in draw_figures(args.figures):
-            print(f"{'picture':<11} {path}")
+            print(f"{'picture':<10} {path}")
         return
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
     exp = QUICK if args.quick else DEFAULT
-    if args.steps is not None:
-        if args.steps < 1:
-            parser.error(f"--steps must be at least 1, got {args.steps}")
-        exp = replace(exp, steps=args.steps)
+    given = {"steps": args.steps, "sinusoidal_scale": args.sinusoidal_scale,
+             "schemes": tuple(args.schemes) if args.schemes else None}
+    exp = replace(exp, **{k: v for k, v in given.items() if v is not None})
     start = time.perf_counter()
     exp, meta, results = run_lab(exp, Path(args.data_dir), pick_device(args.device))
     print_report(exp, meta, results, time.perf_counter() - start)
