@@ -1,0 +1,176 @@
+"""Step 11: how good is the model?
+
+Training printed a loss on a few random batches. Here we score a checkpoint properly: every
+token of valid.bin predicted once, from left to right, in windows of max_seq_len tokens. The
+mean cross-entropy (nats per token) becomes two friendlier numbers: perplexity, the number of
+equally likely tokens the model is as unsure as, and bits per byte, the size the model could
+compress the text to, which does not depend on the tokenizer. A plot of the run's log.jsonl
+shows how the loss got there, and a few seeded samples show what the numbers sound like.
+
+Run the check:  uv run python -m tiny_llm.evaluate --checkpoint runs/tiny/ckpt.pt
+"""
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tiny_llm.checkpoint import model_from_checkpoint
+from tiny_llm.data import load_meta, load_token_array
+from tiny_llm.device import pick_device
+from tiny_llm.files import atomic_path
+from tiny_llm.generate import DEFAULTS, generate
+from tiny_llm.paths import DATA_DIR
+from tiny_llm.tokenize import load_tokenizer
+
+
+def windows(n_tokens, seq_len):
+    """Cut a file of n_tokens into (start, length) windows whose targets cover it exactly once.
+
+    Token 0 is never a target (nothing comes before it); tokens 1..n-1 each are, once:
+    windows(10, 4) -> [(0, 4), (4, 4), (8, 1)]   (x = data[s:s+len], y = data[s+1:s+len+1])
+    """
+    if n_tokens < 2:
+        raise ValueError(f"need at least 2 tokens to score one prediction, got {n_tokens}")
+    n_targets = n_tokens - 1
+    return [(start, min(seq_len, n_targets - start)) for start in range(0, n_targets, seq_len)]
+
+
+@torch.no_grad()
+def evaluate_loss(model, data, batch_size=16, max_batches=None, device="cpu"):
+    """Mean cross-entropy, nats per token, of `model` on a 1-D token array.
+
+    Windows of max_seq_len tokens, none overlapping, batch_size at a time (the last, shorter
+    window alone); max_batches stops early. Returns {"loss", "targets", "windows"}.
+    """
+    spans = windows(len(data), model.config.max_seq_len)
+    full = [s for s, n in spans if n == model.config.max_seq_len]
+    batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
+    batches += [[s] for s, n in spans if n < model.config.max_seq_len]  # the tail window
+    if max_batches is not None:
+        batches = batches[:max_batches]
+    model.eval()
+    total_nats, n_targets, n_windows = 0.0, 0, 0
+    for starts in batches:
+        length = min(model.config.max_seq_len, len(data) - 1 - starts[0])
+        rows = np.stack([data[s : s + length + 1] for s in starts]).astype(np.int64)
+        rows = torch.from_numpy(rows)  # (B, T + 1)
+        x, y = rows[:, :-1].to(device), rows[:, 1:].to(device)  # (B, T) each, y one token ahead
+        _, loss = model(x, y)  # the mean over B·T targets
+        total_nats += loss.item() * y.numel()
+        n_targets += y.numel()
+        n_windows += len(starts)
+    return {"loss": total_nats / n_targets, "targets": n_targets, "windows": n_windows}
+
+
+def bits_per_byte(loss, tokens, n_bytes):
+    """Nats per token -> bits per byte of text: loss · tokens / bytes / ln 2.
+
+    2.0 nats/token at 4 bytes/token -> 2.0 / 4 / 0.693 = 0.72 bits per byte.
+    """
+    return loss * tokens / n_bytes / math.log(2)
+
+
+def read_log(path):
+    """The records of a run's log.jsonl: a list of dicts, one per training step."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_loss_curve(records, path, title="training run"):
+    """Draw train loss at every step and validation loss where it was measured; save a PNG."""
+    from matplotlib.figure import Figure  # no pyplot: nothing global, no window
+
+    train = [(r["step"], r["train_loss"]) for r in records if "train_loss" in r]
+    valid = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    if train:
+        ax.plot(*zip(*train, strict=True), lw=1, alpha=0.8, label="train (one batch per step)")
+    if valid:
+        ax.plot(*zip(*valid, strict=True), "o-", label="validation (fixed batches)")
+    ax.set(xlabel="step", ylabel="loss (nats per token)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    with atomic_path(path) as tmp:  # Software=None: no version stamp, the same bytes every run
+        fig.savefig(tmp, format="png", dpi=80, metadata={"Software": None})
+    return Path(path)
+
+
+def samples(model, tokenizer, n, seed, max_new_tokens=40, prompt="Once upon a time"):
+    """`n` stories from one seeded generator, with generate's default sampling settings."""
+    device = model.head.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor([tokenizer.encode(prompt).ids], device=device)
+    return [tokenizer.decode(generate(model, idx, max_new_tokens, generator=generator,
+                                      **DEFAULTS)[0].tolist()) for _ in range(n)]
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description="Step 11: score a checkpoint on valid.bin.")
+    parser.add_argument("--checkpoint", type=Path, required=True, help="e.g. runs/small/ckpt.pt")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help=f"default: {DATA_DIR}")
+    parser.add_argument("--max-batches", type=int, default=None,
+                        help="score only this many batches (default: all of valid.bin)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="the loss curve's PNG (default: loss.png beside the checkpoint)")
+    parser.add_argument("--samples", type=int, default=2, help="stories to print")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    args = parser.parse_args()
+    for name in ("max_batches", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.samples < 0 or args.seed < 0:
+        parser.error(f"--samples and --seed must be >= 0, got {args.samples} and {args.seed}")
+    return args
+
+
+def report(args):
+    """Evaluate, plot and sample as the command line asks; print the aligned table."""
+    device = pick_device(args.device)
+    model, ckpt = model_from_checkpoint(args.checkpoint, device, data_dir=args.data_dir)
+    meta, c = load_meta(args.data_dir), model.config
+    data = load_token_array(args.data_dir / "valid.bin")
+    result = evaluate_loss(model, data, args.batch_size, args.max_batches, device)
+    loss, valid = result["loss"], meta["valid"]
+    print(f"{'checkpoint':<16} {args.checkpoint} (step {ckpt['step']:,})")
+    print(f"{'model':<16} d_model={c.d_model} n_layers={c.n_layers} n_heads={c.n_heads} "
+          f"max_seq_len={c.max_seq_len}, {model.num_params():,} parameters")
+    print(f"{'valid.bin':<16} {meta['source']}: {valid['stories']:,} stories, "
+          f"{valid['tokens']:,} tokens, {valid['bytes']:,} bytes")
+    print(f"{'scored':<16} {result['targets']:,} targets in {result['windows']:,} windows")
+    print(f"{'val loss':<16} {loss:.4f} nats per token")
+    print(f"{'perplexity':<16} {math.exp(loss):.2f}")
+    print(f"{'bits per token':<16} {loss / math.log(2):.3f}")
+    print(f"{'bits per byte':<16} {bits_per_byte(loss, valid['tokens'], valid['bytes']):.4f}")
+    uniform = math.log(c.vocab_size)  # a model that knows nothing: every token 1/vocab_size
+    print(f"{'uniform guess':<16} {uniform:.4f} nats, perplexity {c.vocab_size:,}, "
+          f"{bits_per_byte(uniform, valid['tokens'], valid['bytes']):.4f} bits per byte")
+    log = args.checkpoint.parent / "log.jsonl"
+    if log.is_file():
+        records = read_log(log)
+        path = plot_loss_curve(records, args.plot or args.checkpoint.parent / "loss.png",
+                               title=f"{args.checkpoint.parent.name}: {len(records) - 1} steps")
+        print(f"{'loss curve':<16} {path} ({len(records):,} log records)")
+    else:
+        print(f"{'loss curve':<16} no {log}: nothing to plot")
+    tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
+    for i, text in enumerate(samples(model, tokenizer, args.samples, args.seed), start=1):
+        print(f"{f'sample {i}':<16} {text!r}")
+
+
+def main():
+    args = parse_args()
+    try:
+        report(args)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

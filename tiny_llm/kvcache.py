@@ -1,0 +1,199 @@
+"""Step 12: generating with a key/value cache.
+
+Step 09's `generate` runs the whole context through the model for every new token, although
+only the last position's logits are used and every earlier position computes exactly what it
+computed one step before. Causal attention is why: position t only ever looks at positions
+<= t, so its keys and values never change once computed. Keep them (the cache), and each new
+token costs one position's worth of work: its own q, k, v, attention over the cached keys, and
+the MLP for that one position.
+
+`KVCache` holds the keys and values; `forward_cached` runs step 08's GPT with its own weights
+(the same modules: embed, blocks, ln_f, head) over new positions only; `generate_cached` is
+step 09's loop on top. Greedy output is the same, token for token.
+
+When the text outgrows max_seq_len, `generate` crops the context to the last max_seq_len
+tokens. That moves every token to a new position, and with learned absolute positions every
+cached key and value changes, so we do the same: rebuild the cache from the last max_seq_len
+tokens, one full forward per new token, exactly what `generate` computes (no speed-up there).
+
+Run the check:  uv run python -m tiny_llm.kvcache
+"""
+
+import argparse
+import time
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from tiny_llm.checkpoint import model_from_checkpoint
+from tiny_llm.device import pick_device, seed_everything, synchronize
+from tiny_llm.generate import check_sampling, generate, next_token_probs
+from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS
+from tiny_llm.paths import DATA_DIR
+from tiny_llm.tokenize import load_tokenizer
+
+
+class KVCache:
+    """Keys and values of every layer for up to max_seq_len positions, allocated once.
+
+    k[layer] and v[layer] are (B, n_heads, max_seq_len, head_size); the first `length`
+    positions are filled. Memory: 2 · n_layers · B · max_seq_len · d_model numbers.
+    """
+
+    def __init__(self, config, batch_size=1, device="cpu", dtype=torch.float32):
+        c = config
+        shape = (c.n_layers, batch_size, c.n_heads, c.max_seq_len, c.d_model // c.n_heads)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_seq_len = c.max_seq_len
+        self.length = 0  # positions filled so far, the same for every layer
+
+    def append(self, layer, k, v):
+        """Store (B, n_heads, t, head_size) k and v after the filled positions of `layer`;
+        return all keys and values so far, (B, n_heads, length + t, head_size) each."""
+        start, end = self.length, self.length + k.shape[2]
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def nbytes(self):
+        return self.k.nbytes + self.v.nbytes
+
+
+def attend_cached(attn, x, cache, layer):
+    """Step 06's MultiHeadAttention on new positions only: (B, t, C) in, (B, t, C) out.
+
+    Same weights (attn.qkv, attn.proj), same math. A prefill (t > 1) starts from an empty
+    cache and is causal; a decode step (t = 1) lets the one new query see every cached key.
+    """
+    B, t, C = x.shape
+    q, k, v = attn.qkv(x).split(C, dim=2)  # each (B, t, C)
+    # (B, t, C) -> (B, n_heads, t, head_size), as in step 06
+    q, k, v = (z.view(B, t, attn.n_heads, attn.head_size).transpose(1, 2) for z in (q, k, v))
+    keys, values = cache.append(layer, k, v)  # (B, n_heads, length + t, head_size)
+    y = F.scaled_dot_product_attention(q, keys, values, is_causal=t > 1)
+    y = y.transpose(1, 2).contiguous().view(B, t, C)  # heads side by side again
+    return attn.proj(y)
+
+
+def forward_cached(model, idx, cache):
+    """Run `model` (a step 08 GPT in eval mode) over the new ids `idx`, (B, t) int64, which sit
+    at positions cache.length .. cache.length + t - 1. Returns the last position's logits (B, V)
+    and leaves the new keys and values in the cache."""
+    if model.training:
+        raise ValueError("forward_cached needs model.eval(): dropout would change the cache")
+    start, t = cache.length, idx.shape[1]
+    if t > 1 and start > 0:
+        raise ValueError(f"a prefill of {t} tokens needs an empty cache, it holds {start}")
+    if start + t > cache.max_seq_len:
+        raise ValueError(f"positions {start}..{start + t - 1} do not fit max_seq_len="
+                         f"{cache.max_seq_len}: rebuild the cache from the last tokens")
+    pos = torch.arange(start, start + t, device=idx.device)  # the positions these tokens are at
+    x = model.embed.tok_emb(idx) + model.embed.pos_emb(pos)  # (B, t, C), as Embed does
+    for layer, block in enumerate(model.blocks):  # Block.forward with a cached attention
+        x = x + attend_cached(block.attn, block.ln_1(x), cache, layer)
+        x = x + block.mlp(block.ln_2(x))
+    cache.length += t
+    return model.head(model.ln_f(x[:, -1, :]))  # (B, V): only the last position is needed
+
+
+@torch.no_grad()
+def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                    generator=None, eot_id=0):
+    """Step 09's `generate`, same arguments and result, with a KV cache.
+
+    (1, T) int64 prompt in, (1, T + n) out. Past max_seq_len the cache is rebuilt from the
+    last max_seq_len tokens at every step, which is what `generate`'s cropping computes.
+    """
+    check_sampling(temperature, top_k, top_p)
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.shape[1] < 1:
+        shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"idx must be a (1, T) tensor of token ids with T >= 1, got {shape}")
+    model.eval()
+    w = model.head.weight
+    cache = KVCache(model.config, batch_size=1, device=w.device, dtype=w.dtype)
+    M = model.config.max_seq_len
+    logits = forward_cached(model, idx[:, -M:], cache)  # prefill: the whole prompt at once
+    for i in range(max_new_tokens):
+        if temperature == 0:
+            next_id = logits.argmax(dim=-1, keepdim=True)  # (1, 1)
+        else:
+            probs = next_token_probs(logits, temperature, top_k, top_p)
+            next_id = torch.multinomial(probs, num_samples=1, generator=generator)
+        idx = torch.cat([idx, next_id], dim=1)
+        if (eot_id is not None and next_id.item() == eot_id) or i == max_new_tokens - 1:
+            break  # the last token needs no forward pass: nothing will read its logits
+        if cache.length < M:
+            logits = forward_cached(model, next_id, cache)  # decode: one position
+        else:  # the window is full: every position moves, rebuild from the last M tokens
+            cache.length = 0
+            logits = forward_cached(model, idx[:, -M:], cache)
+    return idx
+
+
+def timed(fn, device):
+    """Run fn(); return (its result, seconds)."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def compare(model, idx, max_new_tokens, device):
+    """Greedy both ways; return (uncached ids, cached ids, uncached s, cached s)."""
+    run = lambda fn: timed(lambda: fn(model, idx, max_new_tokens, temperature=0, eot_id=None),  # noqa: E731
+                           device)
+    run(generate_cached)  # warm up both paths: first calls pay for allocation
+    slow, slow_s = run(generate)
+    fast, fast_s = run(generate_cached)
+    return slow, fast, slow_s, fast_s
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Step 12: generation with a KV cache.")
+    parser.add_argument("--checkpoint", default=None, help="a trained ckpt.pt (default: an "
+                        f"untrained {DEFAULT_PRESET} GPT; speed does not depend on the weights)")
+    parser.add_argument("--prompt", default="Once upon a time")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    args = parser.parse_args()
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    device = pick_device(args.device)
+    try:
+        tokenizer = load_tokenizer(DATA_DIR / "tokenizer.json")
+        if args.checkpoint:
+            model, _ = model_from_checkpoint(args.checkpoint, device, data_dir=DATA_DIR)
+        else:
+            seed_everything(1337)
+            config = replace(PRESETS[DEFAULT_PRESET], vocab_size=tokenizer.get_vocab_size())
+            model = GPT(config).to(device).eval()
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    idx = torch.tensor([tokenizer.encode(args.prompt).ids], device=device)
+    slow, fast, slow_s, fast_s = compare(model, idx, args.max_new_tokens, device)
+    n_new, c = slow.shape[1] - idx.shape[1], model.config
+    text = lambda ids: repr(tokenizer.decode(ids[0].tolist())[:60]) + "..."  # noqa: E731
+    print(f"{'model':<16} {args.checkpoint or f'untrained {DEFAULT_PRESET} GPT (seed 1337)'}, "
+          f"{model.num_params():,} parameters, max_seq_len {c.max_seq_len}")
+    print(f"{'prompt':<16} {args.prompt!r}, {idx.shape[1]} tokens; {n_new} new tokens, greedy")
+    print(f"{'uncached':<16} {text(slow)}")
+    print(f"{'cached':<16} {text(fast)}")
+    print(f"{'same tokens':<16} {torch.equal(slow, fast)}")
+    print(f"{'uncached time':<16} {slow_s:.2f} s, {n_new / slow_s:,.0f} tokens/s")
+    print(f"{'cached time':<16} {fast_s:.2f} s, {n_new / fast_s:,.0f} tokens/s")
+    print(f"{'speed-up':<16} {slow_s / fast_s:.1f}x")
+    print(f"{'cache memory':<16} 2 x {c.n_layers} layers x {c.max_seq_len} positions x "
+          f"{c.d_model} x 4 bytes = {KVCache(c).nbytes():,} bytes")
+    # past the window: a tiny model (max_seq_len 64) writes 150 tokens after a 1-token prompt
+    seed_everything(0)
+    tiny = GPT(replace(PRESETS["tiny"], vocab_size=c.vocab_size)).to(device).eval()
+    start = torch.zeros(1, 1, dtype=torch.long, device=device)
+    slow, fast, _, _ = compare(tiny, start, 150, device)
+    print(f"{'past the window':<16} tiny GPT, max_seq_len 64, 151 tokens: same tokens "
+          f"{torch.equal(slow, fast)}")
+
+if __name__ == "__main__":
+    main()
