@@ -1,0 +1,175 @@
+import json
+import math
+import signal
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+import tiny_llm.train as train_module
+from solutions import ex10_train
+from tiny_llm.checkpoint import load_checkpoint, save_checkpoint
+from tiny_llm.data import load_token_array
+from tiny_llm.gpt import GPT, PRESETS
+from tiny_llm.train import TrainConfig, accumulate_gradients, lr_at, param_groups, train
+
+STEPS = 6
+
+
+def config(data_dir, out, **changes):
+    """A run of the tiny preset small enough for a test: a few steps of 4 windows of 64 tokens."""
+    cfg = TrainConfig(preset="tiny", max_steps=STEPS, batch_size=4, warmup_steps=2,
+                      eval_interval=3, eval_iters=2, data_dir=str(data_dir), out=str(out),
+                      device="cpu")
+    return replace(cfg, **changes)
+
+
+def losses(out):
+    return [json.loads(line)["train_loss"] for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(sample_data_dir, tmp_path_factory):
+    """One uninterrupted run of STEPS steps: the losses every resumed run must reproduce."""
+    out = tmp_path_factory.mktemp("reference")
+    result = train(config(sample_data_dir, out))
+    return out, result
+
+
+def test_lr_warms_up_linearly_then_decays_on_a_cosine_to_the_floor():
+    lr = [lr_at(s, 1e-3, 1e-4, 100, 1000) for s in range(1200)]
+    assert lr[0] == pytest.approx(1e-5) and lr[49] == pytest.approx(5e-4)
+    assert lr[99] == pytest.approx(1e-3) == max(lr)
+    assert lr[550] == pytest.approx(5.5e-4)  # halfway down the cosine: halfway between
+    assert lr[1000] == lr[1199] == pytest.approx(1e-4)
+    assert all(a >= b for a, b in zip(lr[99:], lr[100:], strict=False))
+
+
+def test_weight_decay_goes_to_matrices_only_and_the_tied_matrix_once():
+    model = GPT(PRESETS["tiny"])
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"])
+    assert all(p.dim() == 1 for p in no_decay["params"])
+    assert sum(p is model.embed.tok_emb.weight for p in decay["params"]) == 1
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_params()
+
+
+def test_gradient_accumulation_matches_one_big_batch(sample_data_dir):
+    data = load_token_array(sample_data_dir / "train.bin")
+    grads = []
+    for batch_size, grad_accum in ((4, 1), (2, 2)):  # the same 4 windows, in one go or two
+        torch.manual_seed(0)
+        model = GPT(PRESETS["tiny"])
+        cfg = TrainConfig(batch_size=batch_size, grad_accum=grad_accum, dtype="float32")
+        loss = accumulate_gradients(model, data, cfg, torch.device("cpu"),
+                                    torch.Generator().manual_seed(1))
+        grads.append((loss, model.embed.tok_emb.weight.grad.clone()))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-7)
+
+
+def test_run_writes_log_and_a_complete_checkpoint(reference):
+    out, result = reference
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(STEPS + 1))
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 3, 6]
+    assert {"train_loss", "lr", "tokens", "tokens_per_s", "time_s"} <= set(records[-1])
+    assert records[-1]["tokens"] == STEPS * 4 * 64 and result["step"] == STEPS
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert {"model", "optimizer", "step", "config", "rng", "data_position", "train_config",
+            "tokenizer_sha256"} <= set(ckpt)
+    assert {"python", "numpy", "torch", "data"} <= set(ckpt["rng"])
+    assert ckpt["step"] == STEPS and ckpt["train_config"]["preset"] == "tiny"
+
+
+def test_resume_continues_exactly(reference, sample_data_dir, tmp_path):
+    out = tmp_path / "split"
+    train(config(sample_data_dir, out, max_steps=2, lr_decay_steps=STEPS))
+    assert load_checkpoint(out / "ckpt.pt")["step"] == 2
+    train(config(sample_data_dir, out, resume=True, lr_decay_steps=STEPS))
+    assert losses(out) == losses(reference[0])  # identical, not merely close
+
+
+def test_ctrl_c_saves_and_resume_gives_the_same_losses(reference, sample_data_dir, tmp_path,
+                                                        monkeypatch):
+    real_update = train_module.update
+
+    def update_then_ctrl_c(*args):
+        loss = real_update(*args)
+        if args[-1] == 3:  # during update number 4, as if the learner pressed Ctrl-C
+            signal.raise_signal(signal.SIGINT)
+        return loss
+
+    monkeypatch.setattr(train_module, "update", update_then_ctrl_c)
+    out = tmp_path / "interrupted"
+    result = train(config(sample_data_dir, out))
+    assert result["interrupted"] and result["step"] == 4
+    assert load_checkpoint(out / "ckpt.pt")["step"] == 4
+    monkeypatch.undo()
+    train(config(sample_data_dir, out, resume=True))
+    assert losses(out) == losses(reference[0])
+
+
+def test_a_non_finite_loss_stops_with_a_useful_message(sample_data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "accumulate_gradients", lambda *args: math.nan)
+    with pytest.raises(FloatingPointError, match=r"became nan at step 1 .*lower --lr.*float32"):
+        train(config(sample_data_dir, tmp_path / "nan"))
+    assert not (tmp_path / "nan" / "ckpt.pt").exists()
+
+
+def test_resuming_with_another_tokenizer_is_refused(reference, sample_data_dir, tmp_path):
+    ckpt = load_checkpoint(reference[0] / "ckpt.pt")
+    save_checkpoint(tmp_path / "ckpt.pt", {**ckpt, "tokenizer_sha256": "0" * 64})
+    with pytest.raises(ValueError, match="different tokenizer"):
+        train(config(sample_data_dir, tmp_path, resume=True, max_steps=STEPS + 1))
+
+
+def test_an_existing_run_is_not_overwritten(reference, sample_data_dir):
+    with pytest.raises(FileExistsError, match="already holds a run: continue it with --resume"):
+        train(config(sample_data_dir, reference[0]))
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"preset": "huge"}, "preset must be one of"), ({"batch_size": 0}, "batch_size must be"),
+    ({"lr": 5.0}, "need 0 < lr < 1"), ({"dtype": "fp8"}, "dtype one of"),
+])
+def test_bad_settings_are_refused(change, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        train(replace(TrainConfig(out=str(tmp_path)), **change))
+
+
+def test_a_tiny_model_learns_the_sample_corpus(sample_data_dir, tmp_path):
+    # Measured: 7.17 at step 0, about 4.3 after 60 steps. A model that ignored the context could
+    # get no lower than the unigram entropy, 5.23 nats on this corpus.
+    result = train(config(sample_data_dir, tmp_path, max_steps=60, batch_size=8, lr=3e-3,
+                          min_lr=3e-4, warmup_steps=10, eval_interval=60, eval_iters=4))
+    assert result["val_loss"] < 4.7
+
+
+def test_command_line_resume_reuses_the_saved_settings(sample_data_dir, tmp_path, monkeypatch,
+                                                       capsys):
+    out = tmp_path / "cli"
+    flags = ["--out", str(out), "--data-dir", str(sample_data_dir), "--device", "cpu"]
+    monkeypatch.setattr(sys, "argv", ["train", "--preset", "tiny", "--max-steps", "2",
+                                      "--batch-size", "2", "--eval-iters", "1",
+                                      "--sample-tokens", "5", *flags])
+    train_module.main()
+    assert "story        Once upon a time" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["train", "--max-steps", "3", "--resume",
+                                      "--sample-tokens", "0", *flags])
+    train_module.main()
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["step"] == 3
+    assert ckpt["train_config"]["preset"] == "tiny" and ckpt["train_config"]["batch_size"] == 2
+
+
+def test_solutions(tmp_path):
+    ex10_train.plot_lr_schedule(tmp_path / "lr.png", TrainConfig(max_steps=50, warmup_steps=5))
+    assert (tmp_path / "lr.png").read_bytes()[:4] == b"\x89PNG"
+    assert ex10_train.exercise_1_lr_by_hand() == pytest.approx((1e-5, 1e-3, 5.5e-4, 1e-4))
+    assert ex10_train.exercise_2_effective_batch() == (64, 16_384)
+    first_step = ex10_train.exercise_3_first_adam_step()
+    assert first_step == pytest.approx(2e-3, rel=0.01)
+    assert ex10_train.exercise_4_accumulation_is_a_mean() < 1e-6

@@ -1,0 +1,296 @@
+"""Step 10: training the GPT, with checkpoints that resume exactly.
+
+The loop: draw a batch from train.bin, predict every next token, measure the cross-entropy,
+follow its gradient with AdamW, repeat. Around it: warmup and cosine decay of the learning rate,
+gradient clipping and accumulation, evaluation on valid.bin, a log, and a checkpoint holding all
+a run needs to continue as if it had never stopped (weights, optimizer moments, every RNG).
+
+Run the main job:  uv run python -m tiny_llm.train      (prepares data first if there is none)
+A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 --out runs/demo
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tiny_llm.checkpoint import (
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    stop_on_ctrl_c,
+)
+from tiny_llm.data import ensure_data, get_batch, load_token_array
+from tiny_llm.device import pick_device, seed_everything
+from tiny_llm.files import atomic_path
+from tiny_llm.generate import story_from_checkpoint
+from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS, GPTConfig
+from tiny_llm.paths import DATA_DIR, RUNS_DIR
+from tiny_llm.tokenize import tokenizer_sha256
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a run. It is saved in the checkpoint, so --resume reuses it."""
+
+    preset: str = DEFAULT_PRESET  # the model size, a name in tiny_llm.gpt.PRESETS
+    max_steps: int = 1000  # optimizer updates (about 10 minutes of the small preset on 2 cores)
+    out: str | None = None  # folder for ckpt.pt and log.jsonl (default runs/<preset>)
+    resume: bool = False  # continue the run saved in out/ckpt.pt
+    batch_size: int = 16  # windows of max_seq_len tokens per micro-batch
+    grad_accum: int = 1  # micro-batches per update: the update sees batch_size·grad_accum windows
+    lr: float = 2e-3  # peak learning rate, reached at the end of warmup
+    min_lr: float = 2e-4  # the floor the cosine decays to
+    warmup_steps: int = 100
+    lr_decay_steps: int = 0  # where the cosine reaches min_lr (0: at max_steps)
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # largest gradient norm allowed (0: no clipping)
+    eval_interval: int = 200  # evaluate on valid.bin and save a checkpoint every this many steps
+    eval_iters: int = 20  # batches per evaluation
+    device: str | None = None  # cuda, mps or cpu (default: the best available)
+    dtype: str = "auto"  # float32, bfloat16 (autocast), or auto: bfloat16 on GPUs that have it
+    seed: int = 1337
+    data_dir: str = str(DATA_DIR)
+
+
+def check_config(cfg):
+    """Raise a clear error for a setting that cannot work."""
+    if cfg.preset not in PRESETS or cfg.dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)} (got {cfg.preset!r}) and "
+                         f"dtype one of auto, float32, bfloat16 (got {cfg.dtype!r})")
+    lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
+              "eval_interval": 1, "eval_iters": 1, "lr_decay_steps": 0}
+    for name, low in lowest.items():
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if not (0 < cfg.lr < 1 and 0 <= cfg.min_lr <= cfg.lr and cfg.weight_decay >= 0
+            and cfg.grad_clip >= 0):
+        raise ValueError(f"need 0 < lr < 1, 0 <= min_lr <= lr, weight_decay >= 0, grad_clip >= 0;"
+                         f" got {cfg.lr}, {cfg.min_lr}, {cfg.weight_decay}, {cfg.grad_clip}")
+
+
+def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps):
+    """Learning rate for update number `step` (0-based): linear warmup, then cosine to min_lr.
+
+    max_lr=1e-3, min_lr=1e-4, warmup 100, decay 1000: step 0 -> 1e-5, step 99 -> 1e-3,
+    step 550 (halfway down) -> 5.5e-4, step 1000 and later -> 1e-4.
+    """
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, decay_steps - warmup_steps))
+    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def param_groups(model, weight_decay):
+    """AdamW groups: decay the matrices (2-D: Linear and Embedding weights) and nothing else.
+
+    Biases and LayerNorm gains are 1-D: pulling them towards 0 would only fight the scale and
+    offset they exist to set. The tied tok_emb/head matrix is one tensor, listed (and decayed) once.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def autocast(device, dtype):
+    """A context that runs matmuls in bfloat16 (weights stay float32), or does nothing."""
+    if dtype == "auto":  # bfloat16 pays off on GPUs built for it; on a CPU measure first
+        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else ""
+    if dtype != "bfloat16":
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+@torch.no_grad()
+def estimate_loss(model, data, cfg, device):
+    """Mean loss over eval_iters batches drawn with a fixed seed: the same batches every time."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    model.eval()
+    total = 0.0
+    for _ in range(cfg.eval_iters):
+        x, y = get_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
+        with autocast(device, cfg.dtype):
+            total += model(x, y)[1].item()
+    model.train()
+    return total / cfg.eval_iters
+
+
+def accumulate_gradients(model, data, cfg, device, generator):
+    """Forward and backward over grad_accum micro-batches; returns their mean loss."""
+    total = 0.0
+    for _ in range(cfg.grad_accum):
+        x, y = get_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
+        with autocast(device, cfg.dtype):
+            _, loss = model(x, y)
+        (loss / cfg.grad_accum).backward()  # gradients add up: dividing makes them a mean
+        total += loss.item() / cfg.grad_accum
+    return total
+
+
+def start_run(cfg, meta, device, ckpt_path):
+    """The model, optimizer, data generator, step and log records: fresh, or from ckpt_path."""
+    ckpt = None
+    if cfg.resume:
+        ckpt = load_checkpoint(ckpt_path, data_dir=cfg.data_dir)  # checks the tokenizer too
+    elif ckpt_path.exists():
+        raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
+                              "or pass another --out (or delete the folder) to start afresh")
+    seed_everything(cfg.seed)
+    config = GPTConfig(**ckpt["config"]) if ckpt else replace(
+        PRESETS[cfg.preset], vocab_size=meta["vocab_size"])
+    model = GPT(config).to(device)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                                  betas=(0.9, 0.95), fused=device.type == "cuda")
+    data_gen = torch.Generator().manual_seed(cfg.seed)
+    if ckpt is None:
+        return model, optimizer, data_gen, 0, []
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    set_rng_state(ckpt["rng"], data_gen)
+    log = ckpt_path.parent / "log.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    step = ckpt["step"]
+    return model, optimizer, data_gen, step, [r for r in records if r["step"] <= step]
+
+
+def update(model, optimizer, data, cfg, device, generator, lr, step):
+    """One optimizer update at learning rate `lr`; returns the mean loss of its micro-batches."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = accumulate_gradients(model, data, cfg, device, generator)
+    if not math.isfinite(loss):  # checked before the step, so the weights stay finite
+        raise FloatingPointError(
+            f"the training loss became {loss} at step {step + 1} (lr {lr:.2e}, dtype {cfg.dtype}):"
+            f" the run diverged. Try a lower --lr (now {cfg.lr}) or --dtype float32; the last "
+            "checkpoint saved, if any, still holds the weights from before")
+    if cfg.grad_clip > 0:  # one unlucky batch cannot throw the weights far
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records):
+    """Write ckpt.pt, then log.jsonl, each atomically: the log never runs ahead of the weights."""
+    save_checkpoint(ckpt_path, {
+        "model": model.state_dict(), "config": asdict(model.config), "step": step,
+        "tokenizer_sha256": tokenizer_sha256(Path(cfg.data_dir) / "tokenizer.json"),
+        "data_source": meta["source"], "optimizer": optimizer.state_dict(),
+        "rng": rng_state(data_gen), "train_config": asdict(cfg),
+        # batches start at random offsets, so the data generator's state (in "rng") is the
+        # position in the data; these counts say how much the run has read
+        "data_position": {"batches": step * cfg.grad_accum, "tokens": records[-1]["tokens"]},
+    })
+    with atomic_path(ckpt_path.parent / "log.jsonl") as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def describe(r):
+    """One line per evaluation: step 200     train 3.412  val 3.455  lr 1.85e-03."""
+    return (f"{'step ' + str(r['step']):<12} train {r['train_loss']:.3f}  "
+            f"val {r['val_loss']:.3f}  lr {r['lr']:.2e}")
+
+
+def train(cfg):
+    """Train (or, with cfg.resume, continue) a GPT; return the last log record plus a summary.
+
+    Step 0's record holds the untrained model's losses on the fixed evaluation batches of
+    train.bin and valid.bin; later records hold the update's own loss, and val_loss at evals.
+    """
+    check_config(cfg)
+    data_dir = Path(cfg.data_dir)
+    meta = ensure_data(data_dir)
+    device = pick_device(cfg.device)
+    ckpt_path = Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt"
+    model, optimizer, data_gen, step, records = start_run(cfg, meta, device, ckpt_path)
+    train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * model.config.max_seq_len
+    print(f"{'data':<12} {meta['source']}, {meta['train']['tokens']:,} train tokens")
+    print(f"{'model':<12} {cfg.preset}, {model.num_params():,} parameters, on {device.type}")
+    print(f"{'batch':<12} {cfg.batch_size} x {model.config.max_seq_len} tokens x {cfg.grad_accum} "
+          f"accumulated = {tokens_per_step:,} tokens per step, dtype {cfg.dtype}")
+    clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
+    decay_steps = cfg.lr_decay_steps or cfg.max_steps
+    bar = tqdm(total=cfg.max_steps, initial=step, file=sys.stderr,
+               disable=None)  # None: a bar only in a terminal, not in a log or a pipe
+    with stop_on_ctrl_c() as stop:
+        if step == 0:
+            records.append({"step": 0, "train_loss": estimate_loss(model, train_data, cfg, device),
+                            "val_loss": estimate_loss(model, valid_data, cfg, device),
+                            "lr": 0.0, "tokens": 0, "tokens_per_s": 0.0, "time_s": 0.0})
+            tqdm.write(describe(records[-1]), file=sys.stdout)
+        while step < cfg.max_steps and not stop.is_set():
+            lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
+            t0 = time.perf_counter()
+            loss = update(model, optimizer, train_data, cfg, device, data_gen, lr, step)
+            step += 1
+            speed = tokens_per_step / (time.perf_counter() - t0)  # of the update alone
+            records.append({"step": step, "train_loss": loss, "lr": lr, "tokens_per_s": speed,
+                            "tokens": step * tokens_per_step,
+                            "time_s": time.perf_counter() - clock})
+            bar.update()
+            bar.set_postfix_str(f"loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} tok/s")
+            evaluate = step % cfg.eval_interval == 0 or step == cfg.max_steps
+            if evaluate:
+                records[-1]["val_loss"] = estimate_loss(model, valid_data, cfg, device)
+                tqdm.write(describe(records[-1]), file=sys.stdout)
+            if evaluate or stop.is_set():
+                save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records)
+    bar.close()
+    return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.is_set()}
+
+
+def parse_args():
+    """The run the command line asks for, and the story length. Every TrainConfig field is a
+    flag (max_steps: --max-steps). With --resume the saved run's settings replace the defaults,
+    and only the flags given override them."""
+    parser = argparse.ArgumentParser(description="Step 10: train a GPT (flags: TrainConfig).")
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action="store_true", default=None)
+        else:  # the default's type; out and device default to None and take a text
+            kind = str if f.default is None else type(f.default)
+            parser.add_argument(flag, type=kind, help=f"default: {f.default}")
+    parser.add_argument("--sample-tokens", type=int, default=200, help="story length (0: none)")
+    args = parser.parse_args()
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
+             if getattr(args, f.name) is not None}
+    cfg = replace(TrainConfig(), **given)
+    if cfg.resume:
+        saved = load_checkpoint(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt")
+        cfg = replace(TrainConfig(**saved["train_config"]), **given)
+    return cfg, args.sample_tokens
+
+
+def main():
+    try:
+        cfg, sample_tokens = parse_args()
+        result = train(cfg)
+        if result["interrupted"]:
+            raise SystemExit(f"stopped by Ctrl-C at step {result['step']}, saved "
+                             f"{result['checkpoint']}: continue with --resume")
+        print(f"{'saved':<12} {result['checkpoint']} (step {result['step']})")
+        print(f"{'time':<12} {result['time_s']:.1f} s, "
+              f"{result['tokens'] / max(result['time_s'], 1e-9):,.0f} tokens/s with evaluations")
+        if sample_tokens > 0:  # what tiny_llm.generate --checkpoint ... --seed prints
+            story = story_from_checkpoint(result["checkpoint"], sample_tokens, cfg.seed,
+                                          pick_device(cfg.device), cfg.data_dir)
+            print(f"{'story':<12} {story}")
+    except (FileExistsError, FileNotFoundError, FloatingPointError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted outside the training loop: nothing new was saved") from None
+
+
+if __name__ == "__main__":
+    main()
