@@ -220,15 +220,14 @@ def train(cfg):
           f"accumulated = {tokens_per_step:,} tokens per step, dtype {cfg.dtype}")
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     decay_steps = cfg.lr_decay_steps or cfg.max_steps
-    bar = tqdm(total=cfg.max_steps, initial=step, file=sys.stderr,
-               disable=None)  # None: a bar only in a terminal, not in a log or a pipe
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=None)  # stderr, in a terminal only
     with stop_on_ctrl_c() as stop:
         if step == 0:
             records.append({"step": 0, "train_loss": estimate_loss(model, train_data, cfg, device),
                             "val_loss": estimate_loss(model, valid_data, cfg, device),
                             "lr": 0.0, "tokens": 0, "tokens_per_s": 0.0, "time_s": 0.0})
             tqdm.write(describe(records[-1]), file=sys.stdout)
-        while step < cfg.max_steps and not stop.is_set():
+        while step < cfg.max_steps:
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
             t0 = time.perf_counter()
             loss = update(model, optimizer, train_data, cfg, device, data_gen, lr, step)
@@ -245,6 +244,8 @@ def train(cfg):
                 tqdm.write(describe(records[-1]), file=sys.stdout)
             if evaluate or stop.is_set():
                 save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records)
+            if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
+                break
     bar.close()
     return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.is_set()}
 
