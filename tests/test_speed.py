@@ -1,0 +1,101 @@
+import sys
+
+import pytest
+import torch
+
+from solutions import ex13_speed
+from tiny_llm import speed
+from tiny_llm.gpt import GPT, PRESETS
+from tiny_llm.speed import (
+    SETTINGS,
+    Setting,
+    build,
+    flops_per_token,
+    kept_memory,
+    matmul_params,
+    measure,
+    mfu,
+    profile_table,
+    train_step,
+)
+
+TINY = PRESETS["tiny"]
+CPU = torch.device("cpu")
+
+
+def test_flops_per_token_of_the_small_preset():
+    config = PRESETS["small"]
+    n = matmul_params(GPT(config))
+    assert n == 4 * 12 * 128**2 + 4096 * 128 == 1_310_720  # blocks' Linears + the head
+    assert flops_per_token(config, n) == 6 * n + 12 * 4 * 256 * 128 == 9_437_184
+
+
+def test_mfu_is_achieved_flops_over_peak():
+    assert mfu(tokens_per_s=1000, flops=1e8, peak=200) == pytest.approx(0.5)
+
+
+def first_losses(setting, steps=2):
+    """The losses of the first `steps` updates of the tiny preset under `setting`."""
+    _, forward, optimizer = build(TINY, setting, CPU)
+    x, y = torch.randint(0, TINY.vocab_size, (2, 4, TINY.max_seq_len),
+                         generator=torch.Generator().manual_seed(0))
+    with kept_memory(setting.keep_memory):
+        return [train_step(forward, optimizer, setting, x, y, CPU).item() for _ in range(steps)]
+
+
+def test_every_setting_trains_the_same_model():
+    reference = first_losses(Setting())
+    for setting in SETTINGS[1:]:
+        rtol = 2e-2 if setting.dtype == "bfloat16" else 1e-4  # bf16 keeps 8 bits of mantissa
+        assert first_losses(setting) == pytest.approx(reference, rel=rtol), setting.name
+
+
+def test_measure_times_each_part_of_a_step():
+    result = measure(TINY, Setting(), batch_size=2, steps=1, device="cpu")
+    parts = [result[f"{p}_ms"] for p in ("forward", "backward", "optimizer")]
+    assert all(p > 0 for p in parts)
+    assert result["ms_per_step"] == pytest.approx(sum(parts))
+    assert result["tokens_per_s"] == pytest.approx(2 * 64 / (result["ms_per_step"] / 1000))
+
+
+def test_kept_memory_says_whether_it_could_and_can_be_switched_off():
+    with kept_memory(enabled=False) as kept:
+        assert kept is False
+    if sys.platform.startswith("linux"):
+        with kept_memory() as kept:
+            assert kept is True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc only")
+def test_kept_memory_stops_the_page_faults_of_big_tensors():
+    default, kept = ex13_speed.exercise_4_page_faults(mib=64)
+    assert default > 3 * 16_000  # 64 MiB is 16,384 pages of 4 KiB, every round
+    assert kept < default / 10
+
+
+def test_profile_table_names_the_matmuls():
+    table = profile_table(TINY, Setting(), batch_size=2, device="cpu", rows=30)
+    assert "aten::mm" in table or "aten::addmm" in table
+
+
+def test_check_prints_a_row_per_setting(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["speed", "--preset", "tiny", "--steps", "1"])
+    speed.main()
+    out = capsys.readouterr().out
+    for setting in SETTINGS:
+        assert f"\n{setting.name} " in out
+    assert "FLOPs/token      6·N + 12·L·T·d = 2,162,688 + 98,304 = 2,260,992" in out
+
+
+def test_check_rejects_bad_flags(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["speed", "--steps", "0"])
+    with pytest.raises(SystemExit):
+        speed.main()
+    assert "--batch-size and --steps must be >= 1" in capsys.readouterr().err
+
+
+def test_solutions():
+    n, flops, share = ex13_speed.exercise_1_flops()
+    assert (n, flops) == (1_310_720, 9_437_184) and share == pytest.approx(1 / 6, abs=1e-3)
+    assert ex13_speed.exercise_2_mfu() == pytest.approx(0.3146, abs=1e-4)
+    assert ex13_speed.exercise_3_gpu_seconds() == pytest.approx(0.195, abs=1e-3)

@@ -1,0 +1,251 @@
+"""Step 13: where does a training step's time go, and what makes it faster?
+
+A step is a forward pass, a backward pass (about twice the forward's work) and an optimizer
+update. We time each part, run the same step under a few settings, the levers PyTorch offers
+(fused attention, bfloat16 autocast, a fused optimizer, reusing freed memory, torch.compile,
+the batch shape), and compare every setting with what the hardware could do: MFU, model FLOPs
+utilisation, is the arithmetic the model needs per second divided by the matmul speed
+measured on this device.
+
+Run the check:  uv run python -m tiny_llm.speed        (measures this machine: numbers vary)
+Add --profile for PyTorch's table of the operators a step spends its time in.
+"""
+
+import argparse
+import ctypes
+import os
+import platform
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from tiny_llm.device import matmul_gflops, pick_device, seed_everything, synchronize
+from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way to run the same training step; the default is what step 10 does on a CPU."""
+
+    name: str = "float32"
+    dtype: str = "float32"  # or "bfloat16": matmuls under autocast, weights stay float32
+    sdpa: bool = True  # False: step 06's explicit attention (scores, mask, softmax)
+    adamw: str = "for-loop"  # "foreach" or "fused": the same update in fewer, bigger kernels
+    keep_memory: bool = False  # CPU: malloc keeps freed memory for the next step (glibc only)
+    compile: bool = False  # torch.compile the model: fused kernels, but minutes to compile
+
+
+SETTINGS = (
+    Setting(),
+    Setting("explicit attention", sdpa=False),
+    Setting("foreach AdamW", adamw="foreach"),
+    Setting("fused AdamW", adamw="fused"),
+    Setting("keep freed memory", keep_memory=True),
+    Setting("bfloat16 autocast", dtype="bfloat16"),
+    Setting("fused AdamW, kept memory", adamw="fused", keep_memory=True),
+)
+COMPILED = Setting("compiled, fused, kept", adamw="fused", keep_memory=True, compile=True)
+
+
+def matmul_params(model):
+    """Parameters that take part in a matmul: every nn.Linear weight, the output head included.
+
+    The head shares its matrix with tok_emb, but the lookup costs no arithmetic and the head's
+    (B·T, d_model) @ (d_model, vocab_size) matmul does; pos_emb, biases and norms are ignored.
+    """
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def flops_per_token(config, n_matmul):
+    """Training FLOPs per token: 6·N + 12·n_layers·T·d_model.
+
+    Forward: 2 FLOPs (a multiply and an add) per matmul weight, plus attention's two matmuls
+    q·kᵀ and weights·v at 2·T·d_model each per layer. Backward costs twice the forward (the
+    gradients for the inputs and for the weights), so 3·(2·N + 4·L·T·d) in all.
+    """
+    return 6 * n_matmul + 12 * config.n_layers * config.max_seq_len * config.d_model
+
+
+@contextmanager
+def kept_memory(enabled=True):
+    """Within the block, glibc's malloc keeps freed memory for reuse; yields whether it could.
+
+    PyTorch's CPU tensors come from malloc, and malloc hands any block over 32 MB (the logits:
+    B·T·vocab_size floats, 64 MiB for 16 x 256 x 4096) straight back to the operating system
+    when it is freed. The next step's logits then arrive as fresh pages that the kernel
+    zeroes one 4 KiB page fault at a time. mallopt turns that off: no mmap, no trimming.
+    Linux with glibc only; elsewhere, and for GPUs (which cache their own memory), a no-op.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6") if enabled else None
+    except OSError:
+        libc = None
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameter numbers, from <malloc.h>
+    if libc is None or not libc.mallopt(M_MMAP_MAX, 0):
+        yield False
+        return
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)  # keep up to 1 GiB of free memory
+    try:
+        yield True
+    finally:  # glibc's defaults again, and give back what was kept
+        libc.mallopt(M_MMAP_MAX, 65536)
+        libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+        libc.malloc_trim(0)
+
+
+def build(config, setting, device, seed=1337):
+    """A fresh model and AdamW for `setting`; returns (model, forward_fn, optimizer)."""
+    seed_everything(seed)
+    model = GPT(config).to(device).train()
+    for block in model.blocks:
+        block.attn.use_sdpa = setting.sdpa
+    kind = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95),
+                                  **kind[setting.adamw])
+    forward = torch.compile(model) if setting.compile else model
+    return model, forward, optimizer
+
+
+def autocast(setting, device):
+    if setting.dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, setting.dtype))
+
+
+def train_step(forward, optimizer, setting, x, y, device, clock=None):
+    """One update; with a `clock` dict, add the seconds of forward, backward and optimizer."""
+    marks = [time.perf_counter()]
+
+    def mark():
+        if clock is not None:  # waiting for the GPU costs a little, so only when timing parts
+            synchronize(device)
+            marks.append(time.perf_counter())
+
+    with autocast(setting, device):
+        _, loss = forward(x, y)
+    mark()
+    loss.backward()
+    mark()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    mark()
+    if clock is not None:
+        parts = ("forward", "backward", "optimizer")
+        for part, start, end in zip(parts, marks[:-1], marks[1:], strict=True):
+            clock[part] = clock.get(part, 0.0) + end - start
+    return loss
+
+
+def measure(config, setting, batch_size, steps=3, warmup=2, device="cpu"):
+    """Time `steps` updates on random ids after `warmup` untimed ones.
+
+    Returns {"tokens_per_s", "ms_per_step", "forward_ms", "backward_ms", "optimizer_ms"}.
+    """
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, config.vocab_size, (2, batch_size, config.max_seq_len), generator=gen)
+    x, y = x.to(device), y.to(device)
+    clock = {}
+    with kept_memory(setting.keep_memory):
+        _, forward, optimizer = build(config, setting, device)
+        for _ in range(warmup):  # the first steps allocate memory (and compile, if asked)
+            train_step(forward, optimizer, setting, x, y, device)
+        for _ in range(steps):
+            train_step(forward, optimizer, setting, x, y, device, clock)
+    seconds = sum(clock.values()) / steps
+    result = {"tokens_per_s": batch_size * config.max_seq_len / seconds,
+              "ms_per_step": 1000 * seconds}
+    return result | {f"{part}_ms": 1000 * s / steps for part, s in clock.items()}
+
+
+def peak_gflops(device, dtype="float32"):
+    """The device's matmul speed in `dtype`, GFLOP/s: the best of three timings of a 1024 matmul."""
+    return max(matmul_gflops(device, n=1024, dtype=getattr(torch, dtype), repeats=5)
+               for _ in range(3))
+
+
+def mfu(tokens_per_s, flops, peak):
+    """Model FLOPs utilisation: tokens/s · FLOPs per token ÷ peak FLOP/s (peak in GFLOP/s)."""
+    return tokens_per_s * flops / (peak * 1e9)
+
+
+def profile_table(config, setting, batch_size, device, rows=12):
+    """PyTorch profiler's table of the operators of two training steps, most time first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    _, forward, optimizer = build(config, setting, device)
+    x = torch.randint(0, config.vocab_size, (batch_size, config.max_seq_len), device=device)
+    train_step(forward, optimizer, setting, x, x, device)  # warm up outside the profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(2):
+            train_step(forward, optimizer, setting, x, x, device)
+        synchronize(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
+
+
+def cpu_name():
+    """The CPU's model name, from /proc/cpuinfo where there is one."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = (line.split(":", 1)[1] for line in f if line.startswith("model name"))
+            return next(names).strip()
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def print_table(rows, flops, peaks):
+    """rows: [(label, setting, result)]; one aligned line each with tokens/s, parts and MFU."""
+    print(f"{'setting':<24} {'tokens/s':>9} {'forward':>8} {'backward':>9} {'optimizer':>10} "
+          f"{'MFU':>6}")
+    for label, setting, r in rows:
+        print(f"{label:<24} {r['tokens_per_s']:>9,.0f} {r['forward_ms']:>6.0f}ms "
+              f"{r['backward_ms']:>7.0f}ms {r['optimizer_ms']:>8.1f}ms "
+              f"{100 * mfu(r['tokens_per_s'], flops, peaks[setting.dtype]):>5.1f}%")
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Step 13: time training steps.")
+    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS))
+    parser.add_argument("--batch-size", type=int, default=4, help="windows per step (default 4)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per setting")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile (slow)")
+    parser.add_argument("--profile", action="store_true", help="print the profiler's table")
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    args = parser.parse_args()
+    if args.batch_size < 1 or args.steps < 1:
+        parser.error(f"--batch-size and --steps must be >= 1, got {args.batch_size}, {args.steps}")
+    device = pick_device(args.device)
+    config = PRESETS[args.preset]
+    n_matmul = matmul_params(GPT(config))
+    flops = flops_per_token(config, n_matmul)
+    peaks = {dtype: peak_gflops(device, dtype) for dtype in ("float32", "bfloat16")}
+    c, B = config, args.batch_size
+    where = cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    print(f"{'device':<16} {device.type}: {where}, {torch.get_num_threads()} threads "
+          f"({os.cpu_count()} cores), torch {torch.__version__}")
+    print(f"{'model':<16} {args.preset}: {n_matmul:,} parameters in matmuls (N)")
+    print(f"{'batch':<16} {B} x {c.max_seq_len} = {B * c.max_seq_len:,} tokens per step")
+    print(f"{'FLOPs/token':<16} 6·N + 12·L·T·d = {6 * n_matmul:,} + "
+          f"{12 * c.n_layers * c.max_seq_len * c.d_model:,} = {flops:,}")
+    print(f"{'matmul peak':<16} float32 {peaks['float32']:,.0f} GFLOP/s, "
+          f"bfloat16 {peaks['bfloat16']:,.0f} GFLOP/s")
+    print()
+    settings = SETTINGS + ((COMPILED,) if args.compile else ())
+    rows = [(s.name, s, measure(c, s, B, args.steps, device=device)) for s in settings]
+    for batch in (1, 4 * B):  # the batch shape: fewer, bigger matmuls per token
+        rows.append((f"float32, batch {batch}", Setting(), measure(c, Setting(), batch, 2,
+                                                                    device=device)))
+    print_table(rows, flops, peaks)
+    if args.profile:
+        print()
+        print(profile_table(c, Setting(), B, device))
+
+
+if __name__ == "__main__":
+    main()
