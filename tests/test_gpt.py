@@ -19,7 +19,7 @@ def test_presets_are_valid_configs_and_the_default_is_one_of_them():
     assert DEFAULT_PRESET == "small" and {"tiny", "small"} <= set(PRESETS)
     for config in PRESETS.values():
         assert isinstance(config, GPTConfig) and config.vocab_size == 4096
-    assert PRESETS["tiny"].d_model * PRESETS["tiny"].n_layers < PRESETS["small"].d_model * 4
+    assert GPT(PRESETS["tiny"]).num_params() < GPT(PRESETS["small"]).num_params()
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ class GPTConfig:
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # how many blocks
     n_heads: int = 4  # attention heads per block; head size = d_model // n_heads
-    dropout: float = 0.0  # 0 for small data and short runs; 0.1 helps a long run overfit less
+    dropout: float = 0.0  # off; 0.1 helps when a run sees the same text many times
 
     def __post_init__(self):
         for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads"):
@@ -49,12 +49,12 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
 
 
-# Named sizes. Times are for training with tiny_llm.train; see steps/08-gpt.md for measurements.
+# Named sizes; steps/08-gpt.md has their parameter counts and measured speeds.
 PRESETS = {
     "tiny": GPTConfig(max_seq_len=64, d_model=64, n_layers=2, n_heads=2),  # tests: seconds on CPU
     "small": GPTConfig(max_seq_len=256, d_model=128, n_layers=4, n_heads=4),  # ~10 min on 2 cores
-    "medium": GPTConfig(max_seq_len=256, d_model=384, n_layers=6, n_heads=6, dropout=0.1),
-    "gpu": GPTConfig(max_seq_len=512, d_model=512, n_layers=8, n_heads=8, dropout=0.1),
+    "medium": GPTConfig(max_seq_len=256, d_model=384, n_layers=6, n_heads=6),  # a laptop GPU
+    "gpu": GPTConfig(max_seq_len=512, d_model=512, n_layers=8, n_heads=8),  # one data-centre GPU
 }
 DEFAULT_PRESET = "small"
 
