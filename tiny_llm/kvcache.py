@@ -89,8 +89,8 @@ def forward_cached(model, idx, cache):
     if start + t > cache.max_seq_len:
         raise ValueError(f"positions {start}..{start + t - 1} do not fit max_seq_len="
                          f"{cache.max_seq_len}: rebuild the cache from the last tokens")
-    pos = torch.arange(start, start + t, device=idx.device)  # the positions these tokens are at
-    x = model.embed.tok_emb(idx) + model.embed.pos_emb(pos)  # (B, t, C), as Embed does
+    pos_vectors = model.embed.pos_emb.weight[start : start + t]  # rows of the positions t sits at
+    x = model.embed.tok_emb(idx) + pos_vectors  # (B, t, C), as Embed computes it
     for layer, block in enumerate(model.blocks):  # Block.forward with a cached attention
         x = x + attend_cached(block.attn, block.ln_1(x), cache, layer)
         x = x + block.mlp(block.ln_2(x))
@@ -98,7 +98,7 @@ def forward_cached(model, idx, cache):
     return model.head(model.ln_f(x[:, -1, :]))  # (B, V): only the last position is needed
 
 
-@torch.no_grad()
+@torch.inference_mode()  # like no_grad, and lighter still: these tensors never meet autograd
 def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                     generator=None, eot_id=0):
     """Step 09's `generate`, same arguments and result, with a KV cache.
