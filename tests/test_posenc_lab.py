@@ -1,10 +1,10 @@
 import math
-from dataclasses import replace
 
 import pytest
 import torch
 
 from solutions import ex14_posenc_lab
+from tiny_llm.embed import sinusoidal_table
 from tiny_llm.posenc import (
     LearnedPositionalEncoding,
     RotaryEmbedding,
@@ -16,6 +16,7 @@ from tiny_llm.posenc import (
 from tiny_llm.posenc_lab import (
     QUICK,
     SCHEMES,
+    SINUSOIDAL_SCALE,
     LabConfig,
     LabGPT,
     main,
@@ -47,6 +48,14 @@ def test_sinusoidal_table_is_a_buffer_not_a_parameter():
     enc = SinusoidalPositionalEncoding(max_len=8, d_model=4)
     assert list(enc.parameters()) == [] and "table" in dict(enc.named_buffers())
     assert enc.state_dict() == {}  # rebuilt from the formula, never saved
+
+
+def test_sinusoidal_scale_multiplies_the_table_and_the_lab_matches_the_embeddings():
+    full = SinusoidalPositionalEncoding(16, 8)(torch.zeros(1, 16, 8))
+    small = SinusoidalPositionalEncoding(16, 8, scale=0.5)(torch.zeros(1, 16, 8))
+    torch.testing.assert_close(small, 0.5 * full)
+    rms = (SINUSOIDAL_SCALE * sinusoidal_table(100, 64)).pow(2).mean().sqrt().item()
+    assert rms == pytest.approx(0.02)  # sin² + cos² = 1: each entry 0.02 on average, as learned
 
 
 def test_learned_positions_reject_a_sequence_longer_than_max_len():
@@ -158,10 +167,13 @@ def test_the_report_names_every_scheme(quick_lab, capsys):
     assert "cannot" in out and "learned at T=64: ValueError:" in out
 
 
-def test_main_rejects_a_bad_step_count(capsys):
+def test_main_rejects_a_bad_step_count_and_unknown_schemes(capsys):
     with pytest.raises(SystemExit):
         main(["--quick", "--steps", "0"])
     assert "--steps must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--quick", "--schemes", "rope", "relative"])
+    assert "invalid choice: 'relative'" in capsys.readouterr().err
 
 
 def test_figures_are_drawn(tmp_path):
@@ -186,5 +198,5 @@ def test_solutions():
 
 
 def test_quick_budget_is_small():
-    assert QUICK.steps * QUICK.batch_size * QUICK.seq_len <= 20_000
-    assert replace(QUICK, steps=1).steps == 1
+    assert QUICK.steps * QUICK.batch_size * QUICK.seq_len <= 30_000
+    assert QUICK.schemes == SCHEMES == ("none", "learned", "sinusoidal", "rope", "alibi")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from tiny_llm.block import Block, LayerNorm, init_weights
 from tiny_llm.data import DATA_DIR, ensure_data, load_token_array
@@ -191,7 +192,7 @@ def train_scheme(pos, exp, data, vocab_size, device):
                                   betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(exp.seed)  # the same batches for every scheme
     losses = []
-    for step in range(cfg.max_steps):  # step 10's update: clip, AdamW, warmup then cosine
+    for step in tqdm(range(cfg.max_steps), desc=pos, leave=False):  # step 10's loop, in short
         lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
         losses.append(update(model, optimizer, data, cfg, device, generator, lr, step))
     return model.eval(), losses
