@@ -127,6 +127,16 @@ def test_check_prints_equal_outputs_and_a_speed_up(sample_data_dir, monkeypatch,
     assert float(out.split("speed-up")[1].split("x")[0]) > 0
 
 
+def test_check_rejects_bad_flags(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["kvcache", "--device", "tpu"])
+    with pytest.raises(SystemExit, match="unknown device 'tpu'"):
+        kvcache.main()
+    monkeypatch.setattr(sys, "argv", ["kvcache", "--max-new-tokens", "0"])
+    with pytest.raises(SystemExit):
+        kvcache.main()
+    assert "--max-new-tokens must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_solutions():
     assert ex12_kvcache.exercise_1_cache_bytes(12, 1024, 768, 2) == 37_748_736  # GPT-2 small
     assert ex12_kvcache.exercise_2_positions(4, 200, 256) == (sum(range(4, 204)), 203)

@@ -92,6 +92,10 @@ def test_check_rejects_bad_flags(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         speed.main()
     assert "--batch-size and --steps must be >= 1" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["speed", "--device", "tpu"])
+    with pytest.raises(SystemExit):
+        speed.main()
+    assert "unknown device 'tpu'" in capsys.readouterr().err
 
 
 def test_solutions():

@@ -161,8 +161,8 @@ def main():
     args = parser.parse_args()
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    device = pick_device(args.device)
     try:
+        device = pick_device(args.device)
         tokenizer = load_tokenizer(DATA_DIR / "tokenizer.json")
         if args.checkpoint:
             model, _ = model_from_checkpoint(args.checkpoint, device, data_dir=DATA_DIR)

@@ -220,7 +220,10 @@ def main():
     args = parser.parse_args()
     if args.batch_size < 1 or args.steps < 1:
         parser.error(f"--batch-size and --steps must be >= 1, got {args.batch_size}, {args.steps}")
-    device = pick_device(args.device)
+    try:
+        device = pick_device(args.device)
+    except ValueError as err:
+        parser.error(str(err))
     config = PRESETS[args.preset]
     n_matmul = matmul_params(GPT(config))
     flops = flops_per_token(config, n_matmul)
