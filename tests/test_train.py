@@ -132,8 +132,8 @@ def test_an_existing_run_is_not_overwritten(reference, sample_data_dir):
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"preset": "huge"}, "preset must be one of"), ({"batch_size": 0}, "batch_size must be"),
-    ({"lr": 5.0}, "need 0 < lr < 1"), ({"dtype": "fp8"}, "dtype one of"),
+    ({"preset": "huge"}, "unknown preset 'huge'"), ({"batch_size": 0}, "batch_size must be"),
+    ({"lr": 5.0}, "need 0 < lr < 1"), ({"dtype": "fp8"}, "dtype must be auto, float32"),
 ])
 def test_bad_settings_are_refused(change, match, tmp_path):
     with pytest.raises(ValueError, match=match):

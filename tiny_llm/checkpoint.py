@@ -119,12 +119,15 @@ def stop_on_ctrl_c():
     """Yield an Event that Ctrl-C sets instead of raising KeyboardInterrupt, so the loop can
     finish its step and save a consistent state. A second Ctrl-C interrupts at once."""
     stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # only the main thread receives signals: Ctrl-C acts as usual there
+        return
 
     def handler(signum, frame):
         stop.set()
         signal.signal(signal.SIGINT, previous)
 
-    previous = signal.signal(signal.SIGINT, handler)  # main thread only, like every handler
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield stop
     finally:

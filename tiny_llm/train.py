@@ -63,9 +63,10 @@ class TrainConfig:
 
 def check_config(cfg):
     """Raise a clear error for a setting that cannot work."""
-    if cfg.preset not in PRESETS or cfg.dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"preset must be one of {', '.join(PRESETS)} (got {cfg.preset!r}) and "
-                         f"dtype one of auto, float32, bfloat16 (got {cfg.dtype!r})")
+    if cfg.preset not in PRESETS:
+        raise ValueError(f"unknown preset {cfg.preset!r}: choose one of {', '.join(PRESETS)}")
+    if cfg.dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
     lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
               "eval_interval": 1, "eval_iters": 1, "lr_decay_steps": 0}
     for name, low in lowest.items():
@@ -251,9 +252,8 @@ def train(cfg):
 
 
 def parse_args():
-    """The run the command line asks for, and the story length. Every TrainConfig field is a
-    flag (max_steps: --max-steps). With --resume the saved run's settings replace the defaults,
-    and only the flags given override them."""
+    """(TrainConfig, story length) from the command line: each field is a flag (--max-steps).
+    With --resume the saved run's settings replace the defaults; flags given override them."""
     parser = argparse.ArgumentParser(description="Step 10: train a GPT (flags: TrainConfig).")
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
