@@ -15,7 +15,7 @@ from tiny_llm.speed import (
     matmul_params,
     measure,
     mfu,
-    profile_table,
+    profile_step,
     train_step,
 )
 
@@ -73,9 +73,10 @@ def test_kept_memory_stops_the_page_faults_of_big_tensors():
     assert kept < default / 10
 
 
-def test_profile_table_names_the_matmuls():
-    table = profile_table(TINY, Setting(), batch_size=2, device="cpu", rows=30)
+def test_profile_names_the_matmuls_and_their_share():
+    table, share = profile_step(TINY, Setting(), batch_size=2, device="cpu", rows=30)
     assert "aten::mm" in table or "aten::addmm" in table
+    assert 0.05 < share < 1
 
 
 def test_check_prints_a_row_per_setting(monkeypatch, capsys):

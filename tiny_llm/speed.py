@@ -172,21 +172,31 @@ def mfu(tokens_per_s, flops, peak):
     return tokens_per_s * flops / (peak * 1e9)
 
 
-def profile_table(config, setting, batch_size, device, rows=12):
-    """PyTorch profiler's table of the operators of two training steps, most time first."""
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "scaled_dot_product", "gemm", "flash")
+
+
+def profile_step(config, setting, batch_size, device, rows=12):
+    """Profile two training steps. Returns PyTorch's table of operators (most time first) and
+    the share of that time spent in matmuls and attention kernels: the work that FLOPs count."""
     from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device)
-    _, forward, optimizer = build(config, setting, device)
     x = torch.randint(0, config.vocab_size, (batch_size, config.max_seq_len), device=device)
-    train_step(forward, optimizer, setting, x, x, device)  # warm up outside the profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(2):
+    gpu = device.type == "cuda"
+    with kept_memory(setting.keep_memory):
+        _, forward, optimizer = build(config, setting, device)
+        for _ in range(2):  # warm up outside the profile
             train_step(forward, optimizer, setting, x, x, device)
-        synchronize(device)
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=rows)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+        with profile(activities=activities) as prof:
+            for _ in range(2):
+                train_step(forward, optimizer, setting, x, x, device)
+            synchronize(device)
+    events = prof.key_averages()
+    own = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
+    heavy = sum(own(e) for e in events if any(op in e.key for op in MATMUL_OPS))
+    key = "self_cuda_time_total" if gpu else "self_cpu_time_total"
+    return events.table(sort_by=key, row_limit=rows), heavy / max(sum(own(e) for e in events), 1)
 
 
 def cpu_name():
@@ -246,8 +256,8 @@ def main():
                                                                     device=device)))
     print_table(rows, flops, peaks)
     if args.profile:
-        print()
-        print(profile_table(c, Setting(), B, device))
+        table, share = profile_step(c, Setting(), B, device)
+        print(f"\n{table}\nmatmuls and attention: {100 * share:.0f}% of the profiled time")
 
 
 if __name__ == "__main__":
