@@ -42,7 +42,7 @@ class TrainConfig:
     """Everything that defines a run. It is saved in the checkpoint, so --resume reuses it."""
 
     preset: str = DEFAULT_PRESET  # the model size, a name in tiny_llm.gpt.PRESETS
-    max_steps: int = 1000  # optimizer updates (about 10 minutes of the small preset on 2 cores)
+    max_steps: int = 1500  # optimizer updates (about 10 minutes of the small preset on 2 cores)
     out: str | None = None  # folder for ckpt.pt and log.jsonl (default runs/<preset>)
     resume: bool = False  # continue the run saved in out/ckpt.pt
     batch_size: int = 16  # windows of max_seq_len tokens per micro-batch
