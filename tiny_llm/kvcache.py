@@ -98,7 +98,7 @@ def forward_cached(model, idx, cache):
     return model.head(model.ln_f(x[:, -1, :]))  # (B, V): only the last position is needed
 
 
-@torch.inference_mode()  # like no_grad, and lighter still: these tensors never meet autograd
+@torch.no_grad()
 def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                     generator=None, eot_id=0):
     """Step 09's `generate`, same arguments and result, with a KV cache.
@@ -132,22 +132,21 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     return idx
 
 
-def timed(fn, device):
-    """Run fn(); return (its result, seconds)."""
+def timed(device, fn, *args, **kwargs):
+    """Run fn(*args, **kwargs); return (its result, seconds), waiting for a GPU to finish."""
     synchronize(device)
     start = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kwargs)
     synchronize(device)
     return out, time.perf_counter() - start
 
 
 def compare(model, idx, max_new_tokens, device):
-    """Greedy both ways; return (uncached ids, cached ids, uncached s, cached s)."""
-    run = lambda fn: timed(lambda: fn(model, idx, max_new_tokens, temperature=0, eot_id=None),  # noqa: E731
-                           device)
-    run(generate_cached)  # warm up both paths: first calls pay for allocation
-    slow, slow_s = run(generate)
-    fast, fast_s = run(generate_cached)
+    """Greedy both ways, timed; returns (uncached ids, cached ids, uncached s, cached s)."""
+    greedy = {"temperature": 0, "eot_id": None}  # eot_id=None: always max_new_tokens tokens
+    generate_cached(model, idx, max_new_tokens, **greedy)  # warm up: first calls allocate
+    slow, slow_s = timed(device, generate, model, idx, max_new_tokens, **greedy)
+    fast, fast_s = timed(device, generate_cached, model, idx, max_new_tokens, **greedy)
     return slow, fast, slow_s, fast_s
 
 
@@ -194,6 +193,7 @@ def main():
     slow, fast, _, _ = compare(tiny, start, 150, device)
     print(f"{'past the window':<16} tiny GPT, max_seq_len 64, 151 tokens: same tokens "
           f"{torch.equal(slow, fast)}")
+
 
 if __name__ == "__main__":
     main()
