@@ -5,10 +5,13 @@ Run them:  uv run python -m solutions.ex14_posenc_lab
 
 import math
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from tiny_llm.embed import sinusoidal_table
 from tiny_llm.posenc import LearnedPositionalEncoding, RotaryEmbedding, alibi_slopes
+from tiny_llm.posenc_lab import LabConfig, LabGPT
 
 
 def exercise_1_slowest_wavelength(d_model=64):
@@ -75,6 +78,29 @@ def exercise_5_position_from_the_causal_mask(T=6):
     return (weights @ values).tolist()
 
 
+@torch.no_grad()
+def exercise_6_loss_by_position(model, data, T, n_tokens):
+    """The lab's valid_loss, kept apart by position in the window: (T,) mean loss at t = 0..T-1.
+
+    Its mean is valid_loss(model, data, T, n_tokens). Run it on a trained model at 4x its
+    length to see where a scheme starts to struggle: the loss should fall with t (more context)
+    and, for a scheme that does not extrapolate, turn up again past the trained length.
+    """
+    n = n_tokens // T
+    tokens = torch.from_numpy(data[: n * T + 1].astype(np.int64))
+    x, y = tokens[:-1].view(n, T), tokens[1:].view(n, T)
+    logits, _ = model(x)  # (n, T, V)
+    losses = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (n, T)
+    return losses.mean(dim=0)
+
+
+def demo_model(pos="alibi", T=32, seed=0):
+    """An untrained LabGPT small enough for the exercises' demonstrations."""
+    torch.manual_seed(seed)
+    config = LabConfig(vocab_size=100, max_seq_len=T, d_model=32, n_layers=1, n_heads=4, pos=pos)
+    return LabGPT(config).eval()
+
+
 if __name__ == "__main__":
     formula, measured = exercise_1_slowest_wavelength()
     print("exercise 1:", f"slowest wavelength {formula:,.0f} positions, "
@@ -84,3 +110,7 @@ if __name__ == "__main__":
     print("exercise 3:", "slopes for 6 heads:", exercise_3_alibi_slopes_for_6_heads())
     print("exercise 4:", "rows moved, rows untouched =", exercise_4_untrained_rows())
     print("exercise 5:", " ".join(f"{v:.3f}" for v in exercise_5_position_from_the_causal_mask()))
+    data = np.random.default_rng(0).integers(0, 100, 4097).astype(np.uint16)  # random "text"
+    by_t = exercise_6_loss_by_position(demo_model(), data, T=32, n_tokens=4096)
+    print("exercise 6:", f"untrained model, loss at t = 0, 15, 31: {by_t[0]:.3f} "
+          f"{by_t[15]:.3f} {by_t[31]:.3f} (ln 100 = {math.log(100):.3f})")

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +24,7 @@ from tiny_llm.posenc_lab import (
     print_report,
     run_lab,
     stretch,
+    valid_loss,
 )
 
 TINY = dict(vocab_size=50, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
@@ -195,6 +197,14 @@ def test_solutions():
     assert ex14_posenc_lab.exercise_4_untrained_rows(max_len=16, trained_len=8) == (8, 8)
     assert ex14_posenc_lab.exercise_5_position_from_the_causal_mask(4) == pytest.approx(
         [1, 1 / 2, 1 / 3, 1 / 4])
+
+
+def test_solution_loss_by_position_averages_to_the_lab_loss():
+    model = ex14_posenc_lab.demo_model("rope", T=16)
+    data = np.random.default_rng(0).integers(0, 100, 1025).astype(np.uint16)
+    by_t = ex14_posenc_lab.exercise_6_loss_by_position(model, data, T=16, n_tokens=1024)
+    assert by_t.shape == (16,)
+    assert by_t.mean().item() == pytest.approx(valid_loss(model, data, 16, 1024), rel=1e-5)
 
 
 def test_quick_budget_is_small():
