@@ -31,8 +31,10 @@ def test_seed_everything_rejects_a_bad_seed():
         seed_everything(-1)
 
 
-def test_matmul_gflops_is_a_positive_rate():
-    assert matmul_gflops(torch.device("cpu"), n=64, repeats=2) > 0.1
+def test_matmul_gflops_is_a_positive_finite_rate():
+    # A loaded machine can be very slow, so only sanity bounds: no CPU does 10^7 GFLOP/s.
+    rate = matmul_gflops(torch.device("cpu"), n=64, repeats=2)
+    assert 0 < rate < 1e7
 
 
 def test_solutions():
