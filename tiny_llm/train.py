@@ -42,6 +42,7 @@ class TrainConfig:
     """Everything that defines a run. It is saved in the checkpoint, so --resume reuses it."""
 
     preset: str = DEFAULT_PRESET  # the model size, a name in tiny_llm.gpt.PRESETS
+    dropout: float = 0.0  # the model's dropout; 0.1 helps a long run on a small corpus
     max_steps: int = 1500  # optimizer updates (about 10 minutes of the small preset on 2 cores)
     out: str | None = None  # folder for ckpt.pt and log.jsonl (default runs/<preset>)
     resume: bool = False  # continue the run saved in out/ckpt.pt
@@ -147,7 +148,7 @@ def start_run(cfg, meta, device, ckpt_path):
                               "or pass another --out (or delete the folder) to start afresh")
     seed_everything(cfg.seed)
     config = GPTConfig(**ckpt["config"]) if ckpt else replace(
-        PRESETS[cfg.preset], vocab_size=meta["vocab_size"])
+        PRESETS[cfg.preset], vocab_size=meta["vocab_size"], dropout=cfg.dropout)
     model = GPT(config).to(device)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
                                   betas=(0.9, 0.95), fused=device.type == "cuda")
