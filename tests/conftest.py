@@ -1,8 +1,20 @@
-"""Shared fixtures: one prepared copy of the sample corpus for the whole test session."""
+"""Shared test settings and fixtures.
+
+The suite runs in two worker processes (pytest-xdist, `-n 2` in pyproject.toml), each with one
+PyTorch thread: the models here are tiny, so two single-threaded workers use a 2-core machine
+better than one two-threaded one, and they stay fast when something else loads the machine
+(busy-waiting OpenMP threads slow down badly when cores are shared). Commands the tests run
+inherit OMP_NUM_THREADS=1.
+"""
 
 import os
 
-import pytest
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
