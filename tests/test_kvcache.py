@@ -51,6 +51,15 @@ def test_it_stops_after_the_end_of_story_token_as_generate_does():
     assert torch.equal(stopped, generate(model, prompt(3), 30, temperature=0, eot_id=eot))
 
 
+def test_its_output_is_an_ordinary_tensor_that_training_can_use():
+    model = model_for(3)
+    out = generate_cached(model, prompt(1, 2), 10, temperature=0, eot_id=None)
+    assert not out.is_inference()
+    _, loss = model.train()(out[:, :-1], out[:, 1:])
+    loss.backward()  # would fail if `out` were an inference-mode tensor
+    assert model.head.weight.grad is not None
+
+
 def test_one_cached_step_gives_the_logits_of_a_full_forward():
     model = model_for(2)
     ids = torch.randint(0, 64, (1, 12))

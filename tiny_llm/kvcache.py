@@ -52,10 +52,10 @@ class KVCache:
     def append(self, layer, k, v):
         """Store (B, n_heads, t, head_size) k and v after the filled positions of `layer`;
         return all keys and values so far, (B, n_heads, length + t, head_size) each."""
-        start, end = self.length, self.length + k.shape[2]
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        start, t = self.length, k.shape[2]
+        self.k[layer].narrow(2, start, t).copy_(k)  # positions start .. start + t - 1
+        self.v[layer].narrow(2, start, t).copy_(v)
+        return self.k[layer].narrow(2, 0, start + t), self.v[layer].narrow(2, 0, start + t)
 
     def nbytes(self):
         return self.k.nbytes + self.v.nbytes
@@ -68,15 +68,17 @@ def attend_cached(attn, x, cache, layer):
     cache and is causal; a decode step (t = 1) lets the one new query see every cached key.
     """
     B, t, C = x.shape
-    q, k, v = attn.qkv(x).split(C, dim=2)  # each (B, t, C)
-    # (B, t, C) -> (B, n_heads, t, head_size), as in step 06
-    q, k, v = (z.view(B, t, attn.n_heads, attn.head_size).transpose(1, 2) for z in (q, k, v))
+    # (B, t, 3·C) -> (B, t, 3, n_heads, head_size) -> 3 x (B, n_heads, t, head_size): the
+    # tensors step 06 gets with split, view and transpose, strides and all, in fewer steps
+    qkv = attn.qkv(x).view(B, t, 3, attn.n_heads, attn.head_size)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
     keys, values = cache.append(layer, k, v)  # (B, n_heads, length + t, head_size)
     y = F.scaled_dot_product_attention(q, keys, values, is_causal=t > 1)
     y = y.transpose(1, 2).contiguous().view(B, t, C)  # heads side by side again
     return attn.proj(y)
 
 
+@torch.inference_mode()  # no autograd bookkeeping at all: a decode step is a few hundred tiny ops
 def forward_cached(model, idx, cache):
     """Run `model` (a step 08 GPT in eval mode) over the new ids `idx`, (B, t) int64, which sit
     at positions cache.length .. cache.length + t - 1. Returns the last position's logits (B, V)
