@@ -102,5 +102,7 @@ def test_check_rejects_bad_flags(monkeypatch, capsys):
 def test_solutions():
     n, flops, share = ex13_speed.exercise_1_flops()
     assert (n, flops) == (1_310_720, 9_437_184) and share == pytest.approx(1 / 6, abs=1e-3)
+    n_long, _, share_long = ex13_speed.exercise_1_flops(max_seq_len=1024)
+    assert n_long == n and share_long == pytest.approx(0.444, abs=1e-3)
     assert ex13_speed.exercise_2_mfu() == pytest.approx(0.3146, abs=1e-4)
     assert ex13_speed.exercise_3_gpu_seconds() == pytest.approx(0.195, abs=1e-3)
