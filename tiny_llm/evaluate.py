@@ -141,8 +141,8 @@ def report(args):
     print(f"{'checkpoint':<16} {args.checkpoint} (step {ckpt['step']:,})")
     print(f"{'model':<16} d_model={c.d_model} n_layers={c.n_layers} n_heads={c.n_heads} "
           f"max_seq_len={c.max_seq_len}, {model.num_params():,} parameters")
-    print(f"{'valid.bin':<16} {meta['source']}: {valid['stories']:,} stories, "
-          f"{valid['tokens']:,} tokens, {valid['bytes']:,} bytes")
+    print(f"{'valid.bin':<16} {valid['stories']:,} stories, {valid['tokens']:,} tokens, "
+          f"{valid['bytes']:,} bytes (prepared from {meta['source']})")
     print(f"{'scored':<16} {result['targets']:,} targets in {result['windows']:,} windows")
     print(f"{'val loss':<16} {loss:.4f} nats per token")
     print(f"{'perplexity':<16} {math.exp(loss):.2f}")
