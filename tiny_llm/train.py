@@ -80,6 +80,34 @@ def check_config(cfg):
                          f" got {cfg.lr}, {cfg.min_lr}, {cfg.weight_decay}, {cfg.grad_clip}")
 
 
+class OneProcess:
+    """Where step 16 (tiny_llm.scale) plugs in training on several processes, called ranks.
+    On one process every hook does nothing; step 16's DataParallel fills them in."""
+
+    rank, world_size = 0, 1
+
+    def wrap(self, model):  # -> the module to train: DistributedDataParallel or FSDP2's shards
+        return model
+
+    def no_sync(self, model, sync):  # a context: skip the gradient all-reduce unless sync
+        return nullcontext()
+
+    def mean(self, value):  # a float averaged over the ranks
+        return value
+
+    def state_dicts(self, model, optimizer):  # full state dicts, gathered for a checkpoint
+        return model.state_dict(), optimizer.state_dict()
+
+    def unwrap(self, model):  # -> the GPT itself, for its config and for evaluation
+        return model
+
+    def load_optimizer(self, model, optimizer, state):
+        optimizer.load_state_dict(state)
+
+
+ONE_PROCESS = OneProcess()
+
+
 def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps):
     """Learning rate for update number `step` (0-based): linear warmup, then cosine to min_lr.
 
@@ -126,19 +154,22 @@ def estimate_loss(model, data, cfg, device):
     return total / cfg.eval_iters
 
 
-def accumulate_gradients(model, data, cfg, device, generator):
+def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCESS):
     """Forward and backward over grad_accum micro-batches; returns their mean loss."""
     total = 0.0
-    for _ in range(cfg.grad_accum):
-        x, y = get_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
-        with autocast(device, cfg.dtype):
-            _, loss = model(x, y)
-        (loss / cfg.grad_accum).backward()  # gradients add up: dividing makes them a mean
+    seq_len = parallel.unwrap(model).config.max_seq_len
+    rows = slice(parallel.rank * cfg.batch_size, (parallel.rank + 1) * cfg.batch_size)
+    for i in range(cfg.grad_accum):  # every rank draws the same windows and keeps its own rows
+        x, y = get_batch(data, cfg.batch_size * parallel.world_size, seq_len, device, generator)
+        with parallel.no_sync(model, sync=i == cfg.grad_accum - 1):
+            with autocast(device, cfg.dtype):
+                _, loss = model(x[rows], y[rows])
+            (loss / cfg.grad_accum).backward()  # gradients add up: dividing makes them a mean
         total += loss.item() / cfg.grad_accum
-    return total
+    return parallel.mean(total)
 
 
-def start_run(cfg, meta, device, ckpt_path):
+def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     """The model, optimizer, data generator, step and log records: fresh, or from ckpt_path."""
     ckpt = None
     if cfg.resume:
@@ -150,13 +181,15 @@ def start_run(cfg, meta, device, ckpt_path):
     config = GPTConfig(**ckpt["config"]) if ckpt else replace(
         PRESETS[cfg.preset], vocab_size=meta["vocab_size"], dropout=cfg.dropout)
     model = GPT(config).to(device)
+    if ckpt is not None:  # into the whole model, before step 16 wraps or shards it
+        model.load_state_dict(ckpt["model"])
+    model = parallel.wrap(model)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
                                   betas=(0.9, 0.95), fused=device.type == "cuda")
     data_gen = torch.Generator().manual_seed(cfg.seed)
     if ckpt is None:
         return model, optimizer, data_gen, 0, []
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    parallel.load_optimizer(model, optimizer, ckpt["optimizer"])
     set_rng_state(ckpt["rng"], data_gen)
     log = ckpt_path.parent / "log.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -164,11 +197,11 @@ def start_run(cfg, meta, device, ckpt_path):
     return model, optimizer, data_gen, step, [r for r in records if r["step"] <= step]
 
 
-def update(model, optimizer, data, cfg, device, generator, lr, step):
+def update(model, optimizer, data, cfg, device, generator, lr, step, parallel=ONE_PROCESS):
     """One optimizer update at learning rate `lr`; returns the mean loss of its micro-batches."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss = accumulate_gradients(model, data, cfg, device, generator)
+    loss = accumulate_gradients(model, data, cfg, device, generator, parallel)
     if not math.isfinite(loss):  # checked before the step, so the weights stay finite
         raise FloatingPointError(
             f"the training loss became {loss} at step {step + 1} (lr {lr:.2e}, dtype {cfg.dtype}):"
@@ -181,12 +214,16 @@ def update(model, optimizer, data, cfg, device, generator, lr, step):
     return loss
 
 
-def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records):
+def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
+             parallel=ONE_PROCESS):
     """Write ckpt.pt, then log.jsonl, each atomically: the log never runs ahead of the weights."""
+    model_state, optimizer_state = parallel.state_dicts(model, optimizer)  # every rank takes part
+    if parallel.rank != 0:  # rank 0 alone writes
+        return
     save_checkpoint(ckpt_path, {
-        "model": model.state_dict(), "config": asdict(model.config), "step": step,
+        "model": model_state, "config": asdict(parallel.unwrap(model).config), "step": step,
         "tokenizer_sha256": tokenizer_sha256(Path(cfg.data_dir) / "tokenizer.json"),
-        "data_source": meta["source"], "optimizer": optimizer.state_dict(),
+        "data_source": meta["source"], "optimizer": optimizer_state,
         "rng": rng_state(data_gen), "train_config": asdict(cfg),
         # batches start at random offsets, so the data generator's state (in "rng") is the
         # position in the data; these counts say how much the run has read
@@ -202,7 +239,7 @@ def describe(r):
             f"val {r['val_loss']:.3f}  lr {r['lr']:.2e}")
 
 
-def train(cfg):
+def train(cfg, parallel=ONE_PROCESS):
     """Train (or, with cfg.resume, continue) a GPT; return the last log record plus a summary.
 
     Step 0's record holds the untrained model's losses on the fixed evaluation batches of
@@ -213,26 +250,30 @@ def train(cfg):
     meta = ensure_data(data_dir)
     device = pick_device(cfg.device)
     ckpt_path = Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt"
-    model, optimizer, data_gen, step, records = start_run(cfg, meta, device, ckpt_path)
+    model, optimizer, data_gen, step, records = start_run(cfg, meta, device, ckpt_path, parallel)
+    gpt = parallel.unwrap(model)
     train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * model.config.max_seq_len
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
     print(f"{'data':<12} {meta['source']}, {meta['train']['tokens']:,} train tokens")
-    print(f"{'model':<12} {cfg.preset}, {model.num_params():,} parameters, on {device.type}")
-    print(f"{'batch':<12} {cfg.batch_size} x {model.config.max_seq_len} tokens x {cfg.grad_accum} "
-          f"accumulated = {tokens_per_step:,} tokens per step, dtype {cfg.dtype}")
+    print(f"{'model':<12} {cfg.preset}, {gpt.num_params():,} parameters, on {device.type}")
+    ranks = f" x {parallel.world_size} ranks" if parallel.world_size > 1 else ""
+    print(f"{'batch':<12} {cfg.batch_size} x {gpt.config.max_seq_len} tokens x {cfg.grad_accum} "
+          f"accumulated{ranks} = {tokens_per_step:,} tokens per step, dtype {cfg.dtype}")
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     decay_steps = cfg.lr_decay_steps or cfg.max_steps
-    bar = tqdm(total=cfg.max_steps, initial=step, disable=None)  # stderr, in a terminal only
+    bar = tqdm(total=cfg.max_steps, initial=step,  # stderr, in a terminal, on rank 0
+               disable=None if parallel.rank == 0 else True)
     with stop_on_ctrl_c() as stop:
         if step == 0:
-            records.append({"step": 0, "train_loss": estimate_loss(model, train_data, cfg, device),
-                            "val_loss": estimate_loss(model, valid_data, cfg, device),
+            records.append({"step": 0, "train_loss": estimate_loss(gpt, train_data, cfg, device),
+                            "val_loss": estimate_loss(gpt, valid_data, cfg, device),
                             "lr": 0.0, "tokens": 0, "tokens_per_s": 0.0, "time_s": 0.0})
             tqdm.write(describe(records[-1]), file=sys.stdout)
         while step < cfg.max_steps:
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
             t0 = time.perf_counter()
-            loss = update(model, optimizer, train_data, cfg, device, data_gen, lr, step)
+            loss = update(model, optimizer, train_data, cfg, device, data_gen, lr, step,
+                          parallel=parallel)
             step += 1
             speed = tokens_per_step / (time.perf_counter() - t0)  # of the update alone
             records.append({"step": step, "train_loss": loss, "lr": lr, "tokens_per_s": speed,
@@ -242,10 +283,10 @@ def train(cfg):
             bar.set_postfix_str(f"loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} tok/s")
             evaluate = step % cfg.eval_interval == 0 or step == cfg.max_steps
             if evaluate:
-                records[-1]["val_loss"] = estimate_loss(model, valid_data, cfg, device)
+                records[-1]["val_loss"] = estimate_loss(gpt, valid_data, cfg, device)
                 tqdm.write(describe(records[-1]), file=sys.stdout)
             if evaluate or stop.is_set():
-                save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records)
+                save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records, parallel)
             if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
                 break
     bar.close()
