@@ -31,11 +31,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from tiny_llm.checkpoint import load_checkpoint
 from tiny_llm.data import ensure_data
+from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.train import OneProcess, TrainConfig, parse_args, train
@@ -80,6 +82,10 @@ class DataParallel(OneProcess):
                 get_optimizer_state_dict(model, optimizer, options=FULL))
 
     def load_optimizer(self, model, optimizer, state):
+        sharded = isinstance(state["param_groups"][0]["params"][0], str)  # FSDP2 saves names
+        if sharded != self.shard:
+            raise ValueError(f"this checkpoint was written {'with' if sharded else 'without'} "
+                             "--shard: resume it the same way")
         if not self.shard:
             return optimizer.load_state_dict(state)
         options = StateDictOptions(full_state_dict=True)  # each rank keeps its shard of it
@@ -246,6 +252,7 @@ def check(data_dir=DATA_DIR, tolerance=1e-5):
     print_arithmetic()
 
 
+@record  # a failing rank's error goes into torchrun's summary
 def main():
     if "WORLD_SIZE" not in os.environ:  # plain `python -m tiny_llm.scale`
         check()
@@ -254,13 +261,17 @@ def main():
     parser.add_argument("--shard", action="store_true", help="FSDP2 instead of DDP")
     args, rest = parser.parse_known_args()
     sys.argv = [sys.argv[0], *rest]  # the rest are step 10's flags
-    cfg, _ = parse_args()
+    cfg, sample_tokens = parse_args()
     device = start(cfg.device.split(":")[0] if cfg.device else None)
     try:
         result = train_ranks(cfg, device, args.shard)
         print(f"{'saved':<12} {result['checkpoint']} (step {result['step']})")
         print(f"{'time':<12} {result['time_s']:.1f} s, "
               f"{result['tokens'] / max(result['time_s'], 1e-9):,.0f} tokens/s with evaluations")
+        if sample_tokens > 0 and dist.get_rank() == 0:  # as step 10 ends: a story
+            story = story_from_checkpoint(result["checkpoint"], sample_tokens, cfg.seed, device,
+                                          cfg.data_dir)
+            print(f"{'story':<12} {story}")
     except (FileExistsError, FileNotFoundError, FloatingPointError, ValueError) as err:
         raise SystemExit(f"rank {dist.get_rank()}: error: {err}") from None
     finally:

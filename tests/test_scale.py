@@ -1,0 +1,111 @@
+"""Step 16: data-parallel training is step 10's training, shared among processes.
+
+The multi-process tests start real gloo ranks on the CPU (torchrun, or torch.multiprocessing for
+the in-process comparison), each with one thread, the tiny preset and a few steps.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from solutions import ex16_scale
+from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint
+from tiny_llm.scale import compare, crossover_tokens, ring_bytes
+from tiny_llm.train import TrainConfig, train
+
+TIMEOUT = 180  # seconds: a hung collective fails the test instead of the suite
+
+
+def torchrun(*flags, script=("-m", "tiny_llm.scale"), cwd, data_dir):
+    """Run 2 ranks under torchrun as a learner would; returns the finished process."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2", *script, "--preset", "tiny", "--batch-size", "4", "--warmup-steps", "2",
+            "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TINY_LLM_DATA_DIR": str(data_dir)}
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT, check=False)
+
+
+def losses(out):
+    lines = (out / "log.jsonl").read_text().splitlines()
+    return [json.loads(line)["train_loss"] for line in lines][1:]
+
+
+@pytest.fixture(scope="module")
+def one_rank(sample_data_dir, tmp_path_factory):
+    """The reference: one process, 8 windows a step (what 2 ranks of 4 windows share)."""
+    out = tmp_path_factory.mktemp("one")
+    train(TrainConfig(preset="tiny", max_steps=4, batch_size=8, warmup_steps=2, eval_interval=2,
+                      eval_iters=1, data_dir=str(sample_data_dir), out=str(out), device="cpu"))
+    return out
+
+
+def test_ring_all_reduce_sends_two_times_n_minus_one_over_n_of_the_gradients():
+    assert ring_bytes(1_000_000, 2) == 4_000_000  # float32: 4 MB of gradients, all of it sent
+    assert ring_bytes(1_000_000, 8) == 7_000_000  # 2·7/8 of it: it tends to twice, never more
+    assert ring_bytes(1_000_000, 1) == 0
+    # the model's size cancels: the crossover depends on the machine and the ranks only
+    assert crossover_tokens(8, 400e12, 400e9) == pytest.approx(4 / 3 * 7 / 8 * 1000)
+
+
+def test_two_ranks_of_half_a_batch_equal_one_rank_and_stay_identical(sample_data_dir, tmp_path):
+    (one, two), weights, spreads = compare(sample_data_dir, tmp_path, steps=4)
+    assert one == pytest.approx(two, rel=1e-5)  # float sums in another order: not bit-equal
+    assert weights < 1e-5
+    assert spreads == [0.0] * 4  # DDP replicas: bit-identical after every step
+
+
+def test_torchrun_trains_like_one_process_and_saves_a_plain_checkpoint(one_rank, sample_data_dir,
+                                                                       tmp_path):
+    proc = torchrun("--max-steps", "4", "--eval-interval", "2", "--out", "run", cwd=tmp_path,
+                    data_dir=sample_data_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ranks        2 x cpu (gloo), DDP replicas" in proc.stdout
+    assert proc.stdout.count("step 4 ") == 1  # rank 0 alone prints
+    assert losses(tmp_path / "run") == pytest.approx(losses(one_rank), rel=1e-5)
+    model, ckpt = model_from_checkpoint(tmp_path / "run" / "ckpt.pt", data_dir=sample_data_dir)
+    assert ckpt["step"] == 4 and ckpt["train_config"]["batch_size"] == 4
+
+
+def test_fsdp2_shards_resume_and_gather_into_a_plain_checkpoint(one_rank, sample_data_dir,
+                                                                 tmp_path):
+    flags = ["--shard", "--eval-interval", "2", "--lr-decay-steps", "4", "--out", "run"]
+    first = torchrun("--max-steps", "2", *flags, cwd=tmp_path, data_dir=sample_data_dir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "FSDP2 shards" in first.stdout
+    second = torchrun("--max-steps", "4", "--resume", *flags, cwd=tmp_path,
+                      data_dir=sample_data_dir)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert losses(tmp_path / "run") == pytest.approx(losses(one_rank), rel=1e-5)
+    gathered = load_checkpoint(tmp_path / "run" / "ckpt.pt")["model"]
+    reference = load_checkpoint(one_rank / "ckpt.pt")["model"]
+    assert gathered.keys() == reference.keys()  # whole tensors, named as in one process
+    assert all(torch.allclose(gathered[k], reference[k], atol=1e-5) for k in reference)
+    unsharded = torchrun("--max-steps", "5", "--resume", "--out", "run", cwd=tmp_path,
+                         data_dir=sample_data_dir)  # its optimizer state is saved by name
+    assert unsharded.returncode != 0
+    assert "written with --shard: resume it the same way" in unsharded.stderr
+
+
+def test_a_rank_that_fails_stops_the_job_with_its_error(sample_data_dir, tmp_path):
+    script = tmp_path / "rank1_fails.py"
+    script.write_text(
+        "import os\nimport tiny_llm.train\nfrom tiny_llm.scale import main\n\n"
+        "def broken(*args, **kwargs):\n    raise RuntimeError('rank 1 broke on purpose')\n\n"
+        "if os.environ['RANK'] == '1':\n    tiny_llm.train.update = broken\nmain()\n")
+    proc = torchrun("--max-steps", "4", script=(str(script),), cwd=tmp_path,
+                    data_dir=sample_data_dir)
+    assert proc.returncode != 0
+    assert "rank 1 broke on purpose" in proc.stderr
+
+
+def test_solutions():
+    assert ex16_scale.exercise_1_small_on_4_ranks() == (5_400_000, 8_100_000)
+    assert ex16_scale.exercise_2_two_halves_average_to_the_whole() < 1e-6
+    result, sends = ex16_scale.exercise_3_ring_by_hand(4)
+    assert result and sends == 6  # 2·(4-1) chunks, each a quarter: 1.5 times the gradients
+    assert ex16_scale.exercise_4_crossover(8, 400e12, 25e9) == pytest.approx(18_667, rel=1e-3)
