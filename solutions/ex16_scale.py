@@ -1,7 +1,7 @@
 """Solutions to the exercises of step 16 (steps/16-scale-out.md).
 
 Run them:  uv run python -m solutions.ex16_scale
-The picture of a ring all-reduce:  uv run python -m solutions.ex16_scale --plot steps/images/16-ring.png
+The ring all-reduce picture:  uv run python -m solutions.ex16_scale --plot steps/images/16-ring.png
 """
 
 import argparse

@@ -14,7 +14,7 @@ import torch
 
 from solutions import ex16_scale
 from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint
-from tiny_llm.scale import compare, crossover_tokens, ring_bytes
+from tiny_llm.scale import DataParallel, compare, crossover_tokens, ring_bytes
 from tiny_llm.train import TrainConfig, train
 
 TIMEOUT = 180  # seconds: a hung collective fails the test instead of the suite
@@ -59,24 +59,13 @@ def test_two_ranks_of_half_a_batch_equal_one_rank_and_stay_identical(sample_data
     assert spreads == [0.0] * 4  # DDP replicas: bit-identical after every step
 
 
-def test_torchrun_trains_like_one_process_and_saves_a_plain_checkpoint(one_rank, sample_data_dir,
-                                                                       tmp_path):
-    proc = torchrun("--max-steps", "4", "--eval-interval", "2", "--out", "run", cwd=tmp_path,
-                    data_dir=sample_data_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "ranks        2 x cpu (gloo), DDP replicas" in proc.stdout
-    assert proc.stdout.count("step 4 ") == 1  # rank 0 alone prints
-    assert losses(tmp_path / "run") == pytest.approx(losses(one_rank), rel=1e-5)
-    model, ckpt = model_from_checkpoint(tmp_path / "run" / "ckpt.pt", data_dir=sample_data_dir)
-    assert ckpt["step"] == 4 and ckpt["train_config"]["batch_size"] == 4
-
-
-def test_fsdp2_shards_resume_and_gather_into_a_plain_checkpoint(one_rank, sample_data_dir,
-                                                                 tmp_path):
+def test_fsdp2_trains_like_one_process_resumes_and_gathers_a_plain_checkpoint(
+        one_rank, sample_data_dir, tmp_path):
     flags = ["--shard", "--eval-interval", "2", "--lr-decay-steps", "4", "--out", "run"]
     first = torchrun("--max-steps", "2", *flags, cwd=tmp_path, data_dir=sample_data_dir)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "FSDP2 shards" in first.stdout
+    assert "ranks        2 x cpu (gloo), FSDP2 shards" in first.stdout
+    assert first.stdout.count("step 2 ") == 1  # rank 0 alone prints
     second = torchrun("--max-steps", "4", "--resume", *flags, cwd=tmp_path,
                       data_dir=sample_data_dir)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -85,10 +74,16 @@ def test_fsdp2_shards_resume_and_gather_into_a_plain_checkpoint(one_rank, sample
     reference = load_checkpoint(one_rank / "ckpt.pt")["model"]
     assert gathered.keys() == reference.keys()  # whole tensors, named as in one process
     assert all(torch.allclose(gathered[k], reference[k], atol=1e-5) for k in reference)
-    unsharded = torchrun("--max-steps", "5", "--resume", "--out", "run", cwd=tmp_path,
-                         data_dir=sample_data_dir)  # its optimizer state is saved by name
-    assert unsharded.returncode != 0
-    assert "written with --shard: resume it the same way" in unsharded.stderr
+    model, ckpt = model_from_checkpoint(tmp_path / "run" / "ckpt.pt", data_dir=sample_data_dir)
+    assert ckpt["step"] == 4 and ckpt["train_config"]["batch_size"] == 4
+
+
+def test_a_sharded_checkpoint_resumes_only_sharded():
+    replica = DataParallel.__new__(DataParallel)  # its hooks, without a process group
+    replica.shard = False
+    fsdp_state = {"state": {}, "param_groups": [{"params": ["embed.tok_emb.weight"]}]}
+    with pytest.raises(ValueError, match="written with --shard: resume it the same way"):
+        replica.load_optimizer(None, None, fsdp_state)
 
 
 def test_a_rank_that_fails_stops_the_job_with_its_error(sample_data_dir, tmp_path):
@@ -104,7 +99,7 @@ def test_a_rank_that_fails_stops_the_job_with_its_error(sample_data_dir, tmp_pat
 
 
 def test_solutions():
-    assert ex16_scale.exercise_1_small_on_4_ranks() == (5_400_000, 8_100_000)
+    assert ex16_scale.exercise_1_small_on_4_ranks() == (5_401_600, 8_102_400)
     assert ex16_scale.exercise_2_two_halves_average_to_the_whole() < 1e-6
     result, sends = ex16_scale.exercise_3_ring_by_hand(4)
     assert result and sends == 6  # 2·(4-1) chunks, each a quarter: 1.5 times the gradients
