@@ -96,8 +96,8 @@ def test_ctrl_c_saves_and_resume_gives_the_same_losses(reference, sample_data_di
                                                         monkeypatch):
     real_update = train_module.update
 
-    def update_then_ctrl_c(*args):
-        loss = real_update(*args)
+    def update_then_ctrl_c(*args, **kwargs):  # kwargs: step 16's `parallel`
+        loss = real_update(*args, **kwargs)
         if args[-1] == 3:  # during update number 4, as if the learner pressed Ctrl-C
             signal.raise_signal(signal.SIGINT)
         return loss
