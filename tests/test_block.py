@@ -17,7 +17,18 @@ def test_layernorm_equals_nn_layernorm_with_learned_gain_and_bias():
         reference.bias.normal_()
     ours.load_state_dict(reference.state_dict())  # same names: weight (the gain) and bias
     x = torch.randn(3, 5, 16) * 4 + 2
-    torch.testing.assert_close(ours(x), reference(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.written_out(x), reference(x), atol=1e-5, rtol=0)
+
+
+def test_the_fused_forward_equals_the_written_out_layernorm():
+    torch.manual_seed(0)
+    norm = LayerNorm(16)
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    x = torch.randn(3, 5, 16) * 4 + 2
+    torch.testing.assert_close(norm(x), norm.written_out(x), atol=1e-5, rtol=0)
+    assert not torch.equal(norm(x), LayerNorm(16)(x))  # the gain and shift are applied
 
 
 def test_layernorm_gives_each_position_mean_0_and_variance_1():

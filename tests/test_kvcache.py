@@ -7,7 +7,7 @@ from solutions import ex12_kvcache
 from tiny_llm import kvcache
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, PRESETS, GPTConfig
-from tiny_llm.kvcache import KVCache, forward_cached, generate_cached
+from tiny_llm.kvcache import KVCache, generate_cached
 
 SMALL = GPTConfig(vocab_size=64, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
 
@@ -64,9 +64,9 @@ def test_one_cached_step_gives_the_logits_of_a_full_forward():
     model = model_for(2)
     ids = torch.randint(0, 64, (1, 12))
     cache = KVCache(SMALL)
-    forward_cached(model, ids[:, :11], cache)  # prefill 11 positions
-    step = forward_cached(model, ids[:, 11:], cache)  # then one decode step
     with torch.no_grad():
+        model(ids[:, :11], cache=cache)  # prefill 11 positions
+        step = model(ids[:, 11:], cache=cache)[0][:, -1, :]  # then one decode step
         full = model(ids)[0][:, -1, :]
     assert cache.length == 12
     torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
@@ -98,17 +98,27 @@ def test_past_the_window_every_step_recomputes_the_last_max_seq_len_positions():
     assert seen == [3] + [1] * 13 + [16] * 6
 
 
-def test_forward_cached_refuses_what_would_corrupt_the_cache():
+def test_the_forward_refuses_what_would_corrupt_the_cache():
     model = model_for(0)
     cache = KVCache(SMALL)
-    forward_cached(model, prompt(1, 2), cache)
-    with pytest.raises(ValueError, match="prefill of 2 tokens needs an empty cache, it holds 2"):
-        forward_cached(model, prompt(3, 4), cache)
+    model(prompt(1, 2), cache=cache)
+    with pytest.raises(ValueError, match="2 new tokens after a cache of 2: feed a prompt to an"):
+        model(prompt(3, 4), cache=cache)
     cache.length = 16
     with pytest.raises(ValueError, match="positions 16..16 do not fit max_seq_len=16"):
-        forward_cached(model, prompt(5), cache)
+        model(prompt(5), cache=cache)
     with pytest.raises(ValueError, match="needs model.eval"):
-        forward_cached(model.train(), prompt(1), KVCache(SMALL))
+        model.train()(prompt(1), cache=KVCache(SMALL))
+
+
+def test_grouped_query_heads_attend_like_repeated_heads():
+    from tiny_llm.multihead import attend
+
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    repeated = attend(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1))
+    torch.testing.assert_close(attend(q, k, v), repeated)
+    with pytest.raises(ValueError, match="3 queries after 2 cached keys"):
+        attend(q[:, :, :3], k, v)
 
 
 def test_generate_cached_checks_its_arguments_like_generate():

@@ -1,3 +1,4 @@
+import argparse
 import json
 import math
 import signal
@@ -9,6 +10,7 @@ import torch
 
 import tiny_llm.train as train_module
 from solutions import ex10_train
+from tiny_llm.budget import budget_steps, pace_steps, parse_duration
 from tiny_llm.checkpoint import load_checkpoint, save_checkpoint
 from tiny_llm.data import load_token_array
 from tiny_llm.gpt import GPT, PRESETS
@@ -173,3 +175,67 @@ def test_solutions(tmp_path):
     first_step = ex10_train.exercise_3_first_adam_step()
     assert first_step == pytest.approx(2e-3, rel=0.01)
     assert ex10_train.exercise_4_accumulation_is_a_mean() < 1e-6
+
+
+class FakeClock:
+    """time.perf_counter for train.py that moves 10 ms per reading: a budgeted run then plans
+    the same step count on any machine, however busy."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 0.01
+        return self.now
+
+
+def budgeted(data_dir, out, **changes):
+    return config(data_dir, out, max_steps=0, time_budget=1.0, warmup_steps=5,
+                  eval_interval=50, **changes)
+
+
+def test_durations_read_as_seconds():
+    assert [parse_duration(t) for t in ("600", "90s", "10m", "1.5h")] == [600, 90, 600, 5400]
+    with pytest.raises(argparse.ArgumentTypeError, match="not a duration: 'ten'; write 600"):
+        parse_duration("ten")
+
+
+def test_the_budget_buys_the_steps_that_fit_with_their_evaluations():
+    cfg = TrainConfig(time_budget=600, eval_interval=200)
+    assert budget_steps(cfg, 20, seconds=10, step_seconds=0.2, eval_seconds=2) == 2820
+    assert budget_steps(replace(cfg, max_steps=500), 20, 10, 0.2, 2) == 500  # never past it
+    assert budget_steps(cfg, 20, seconds=700, step_seconds=0.2, eval_seconds=2) == 20
+
+
+def test_a_budgeted_run_fixes_its_step_count_and_ends_its_schedule(sample_data_dir, tmp_path,
+                                                                   monkeypatch, capsys):
+    monkeypatch.setattr(train_module, "time", FakeClock())
+    cfg = budgeted(sample_data_dir, tmp_path)
+    result = train(cfg)
+    saved = load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    assert saved["max_steps"] == result["step"] > pace_steps(cfg)  # fixed, and written down
+    assert "budget       1 s: 10 ms per step" in capsys.readouterr().out
+    last_lr = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])["lr"]
+    assert last_lr < cfg.min_lr + 0.01 * (cfg.lr - cfg.min_lr)  # the cosine has come down
+
+
+def test_a_budgeted_run_resumes_exactly(sample_data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "time", FakeClock())
+    real_update = train_module.update
+
+    def update_then_ctrl_c(*args):
+        loss = real_update(*args)
+        if args[-1] == 29:  # after the pace is measured, as if the learner pressed Ctrl-C
+            signal.raise_signal(signal.SIGINT)
+        return loss
+
+    monkeypatch.setattr(train_module, "update", update_then_ctrl_c)
+    interrupted = train(budgeted(sample_data_dir, tmp_path / "a"))
+    assert interrupted["interrupted"] and interrupted["step"] == 30
+    monkeypatch.setattr(train_module, "update", real_update)
+    resumed = train(budgeted(sample_data_dir, tmp_path / "a", resume=True))
+    steps = load_checkpoint(tmp_path / "a" / "ckpt.pt")["train_config"]["max_steps"]
+    plain = train(config(sample_data_dir, tmp_path / "b", max_steps=steps, time_budget=0,
+                         warmup_steps=5, eval_interval=50))  # no budget, the same step count
+    assert resumed["step"] == plain["step"] == steps
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")

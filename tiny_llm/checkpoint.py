@@ -3,6 +3,7 @@
 A checkpoint is a plain dict written with `torch.save`:
 
     {"model": state_dict, "config": {GPTConfig fields}, "step": 1200, "tokenizer_sha256": "9f2c...",
+     "model_class": "tiny_llm.gpt.GPT",                           # which class to rebuild
      "data_source": "sample",                                     # which data it was trained on
      "optimizer": ..., "rng": ..., "data_position": ..., "train_config": ...}   # training only
 
@@ -12,6 +13,7 @@ Training also needs the state of every random generator, and a way to stop on Ct
 two steps, where the state is consistent and worth saving: both are here too.
 """
 
+import importlib
 import random
 import signal
 import threading
@@ -22,11 +24,39 @@ import numpy as np
 import torch
 
 from tiny_llm.files import atomic_path
-from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import tokenizer_sha256
 
 REQUIRED_KEYS = ("model", "config", "step", "tokenizer_sha256")
+# The models the course builds, by the short name `--model` takes. Classes are named, not
+# imported: a helper of step 10 must not import step 15, so the class is looked up when needed.
+MODELS = {"gpt": "tiny_llm.gpt.GPT", "modern": "tiny_llm.modern.ModernGPT"}
+DEFAULT_MODEL_CLASS = MODELS["gpt"]  # checkpoints written before "model_class" existed
+
+
+def model_class(name):
+    """The class for a short name in MODELS ("gpt") or a dotted path ("tiny_llm.gpt.GPT")."""
+    path = MODELS.get(name, name)
+    module, _, attr = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError):
+        raise ValueError(f"unknown model class {name!r}: use one of {', '.join(MODELS)} or the "
+                         "dotted path of a class with `config_class` and `presets`") from None
+    if not hasattr(cls, "config_class"):
+        raise ValueError(f"{path} is not a tiny-llm model: it has no `config_class` attribute")
+    return cls
+
+
+def class_path(model):
+    """The dotted path a checkpoint records for `model`: GPT -> "tiny_llm.gpt.GPT"."""
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def build_model(class_name, config):
+    """A fresh model of class `class_name` (a MODELS key or dotted path) from a config dict."""
+    cls = model_class(class_name)
+    return cls(cls.config_class(**config))
 
 
 def save_checkpoint(path, state):
@@ -85,9 +115,10 @@ def check_tokenizer(ckpt, data_dir=DATA_DIR, path="the checkpoint"):
 
 
 def model_from_checkpoint(path, device="cpu", data_dir=DATA_DIR):
-    """Rebuild the GPT saved in `path` (in eval mode, on `device`); return (model, ckpt)."""
+    """Rebuild the model saved in `path`, whatever its class (in eval mode, on `device`);
+    return (model, ckpt)."""
     ckpt = load_checkpoint(path, device=device, data_dir=data_dir)
-    model = GPT(GPTConfig(**ckpt["config"]))
+    model = build_model(ckpt.get("model_class", DEFAULT_MODEL_CLASS), ckpt["config"])
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt
 

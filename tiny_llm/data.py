@@ -285,10 +285,13 @@ def main():
     parser.add_argument("--source", help="tinystories, sample, or a .txt/.jsonl/.json/.parquet")
     parser.add_argument("--valid", help="a file of validation stories for a PATH source")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help=f"default: {DATA_DIR}")
+    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
+                        help=f"the tokenizer's vocabulary (default {VOCAB_SIZE})")
     args = parser.parse_args()
     try:
         if args.source is not None or missing_files(args.data_dir):
-            prepare_data(args.source, args.valid, data_dir=args.data_dir)
+            prepare_data(args.source, args.valid, data_dir=args.data_dir,
+                         vocab_size=args.vocab_size)
         else:
             print(f"prepared data found in {args.data_dir} (--source prepares it again)\n")
         show(args.data_dir)

@@ -8,10 +8,12 @@ Run the check:  uv run python -m tiny_llm.device
 """
 
 import argparse
+import ctypes
 import os
 import platform
 import random
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -57,6 +59,33 @@ def synchronize(device):
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+@contextmanager
+def kept_memory(enabled=True):
+    """Within the block, glibc's malloc keeps freed memory for reuse; yields whether it could.
+
+    PyTorch's CPU tensors come from malloc, and malloc hands any block over 32 MB (the logits:
+    B·T·vocab_size floats, 64 MiB for 16 x 256 x 4096) straight back to the operating system
+    when it is freed. The next step's logits then arrive as fresh pages that the kernel
+    zeroes one 4 KiB page fault at a time. mallopt turns that off: no mmap, no trimming.
+    Linux with glibc only; elsewhere, and for GPUs (which cache their own memory), a no-op.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6") if enabled else None
+    except OSError:
+        libc = None
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameter numbers, from <malloc.h>
+    if libc is None or not libc.mallopt(M_MMAP_MAX, 0):
+        yield False
+        return
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)  # keep up to 1 GiB of free memory
+    try:
+        yield True
+    finally:  # glibc's defaults again, and give back what was kept
+        libc.mallopt(M_MMAP_MAX, 65536)
+        libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+        libc.malloc_trim(0)
 
 
 def matmul_gflops(device, n=512, dtype=torch.float32, repeats=10):

@@ -63,9 +63,11 @@ class Embed(nn.Module):
         nn.init.normal_(self.tok_emb.weight, mean=0.0, std=0.02)
         nn.init.normal_(self.pos_emb.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx):
-        check_ids(idx, self.vocab_size, self.max_seq_len)
-        pos = torch.arange(idx.shape[1], device=idx.device)  # (T,) = 0, 1, ..., T-1
+    def forward(self, idx, start=0):
+        """`start` is the position of idx[:, 0]: 0, except when a KV cache (step 12) already
+        holds the positions before it."""
+        check_ids(idx, self.vocab_size, self.max_seq_len - start)
+        pos = torch.arange(start, start + idx.shape[1], device=idx.device)  # (T,) = 0, 1, ..., T-1
         return self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C) + (T, C) broadcasts over B
 
 

@@ -101,7 +101,7 @@ def plot_loss_curve(records, path, title="training run"):
 
 def samples(model, tokenizer, n, seed, max_new_tokens=40, prompt="Once upon a time"):
     """`n` stories from one seeded generator, with generate's default sampling settings."""
-    device = model.head.weight.device
+    device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     idx = torch.tensor([tokenizer.encode(prompt).ids], device=device)
     return [tokenizer.decode(generate(model, idx, max_new_tokens, generator=generator,

@@ -75,12 +75,13 @@ def next_token_probs(logits, temperature=1.0, top_k=None, top_p=None):
 
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-             generator=None, eot_id=0):
+             generator=None, eot_id=0, cache=None):
     """Append up to `max_new_tokens` sampled tokens to the prompt `idx`.
 
     (1, T) int64 prompt in, (1, T + n) out with n <= max_new_tokens: it stops early, after
     appending `eot_id`, when the model ends the story (eot_id=None never stops early).
     temperature 0 is greedy (always the most likely token); `generator` makes draws repeatable.
+    With a `cache` (step 12) the model reads each token once instead of the whole text again.
     """
     check_sampling(temperature, top_k, top_p)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -91,16 +92,25 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
                          "for an empty prompt start from [[eot_id]]")
     was_training = model.training
     model.eval()  # no dropout while writing
+    M = model.config.max_seq_len  # the model has no positions beyond this
+    unread = idx[:, -M:]  # what a cache has not seen yet: the prompt, then one token a step
+    if cache is not None:
+        cache.reset()
     for _ in range(max_new_tokens):
-        context = idx[:, -model.config.max_seq_len:]  # the model has no positions beyond this
-        logits, _ = model(context)
+        if cache is None:
+            logits, _ = model(idx[:, -M:])  # the whole context, every time
+        else:
+            if cache.length + unread.shape[1] > M:  # the window slides: every position moves,
+                cache.reset()  # so the cached keys are stale; read the last M tokens afresh
+                unread = idx[:, -M:]
+            logits, _ = model(unread, cache=cache)
         logits = logits[:, -1, :]  # (1, V): only the last position predicts the next token
         if temperature == 0:
             next_id = logits.argmax(dim=-1, keepdim=True)
         else:
             probs = next_token_probs(logits, temperature, top_k, top_p)
             next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (1, 1)
-        idx = torch.cat([idx, next_id], dim=1)
+        idx, unread = torch.cat([idx, next_id], dim=1), next_id
         if eot_id is not None and next_id.item() == eot_id:
             break
     model.train(was_training)

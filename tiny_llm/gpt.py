@@ -62,6 +62,9 @@ DEFAULT_PRESET = "small"
 class GPT(nn.Module):
     """A decoder-only transformer: (B, T) token ids -> (B, T, vocab_size) next-token logits."""
 
+    config_class = GPTConfig  # what a checkpoint's "config" dict is rebuilt into
+    presets = PRESETS
+
     def __init__(self, config):
         super().__init__()
         if not isinstance(config, GPTConfig):
@@ -81,17 +84,22 @@ class GPT(nn.Module):
         self.head.weight = self.embed.tok_emb.weight
         init_weights(self, c.n_layers)
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, cache=None):
         """(B, T) int ids -> (logits (B, T, vocab_size), loss or None).
 
         With `targets` (B, T) int ids (the next token at each position), loss is the mean
         cross-entropy over every position; positions whose target is -1 are left out.
+        With a `cache` (step 12's KVCache; eval mode only), idx holds only the tokens that
+        follow the cache.length positions it already holds.
         """
         if targets is not None:
             self._check_targets(idx, targets)
-        x = self.drop(self.embed(idx))  # (B, T, C); Embed checks the ids, dtype, rank and T
-        for block in self.blocks:
-            x = block(x)
+        start = 0 if cache is None else self._check_cache(cache, idx)
+        x = self.drop(self.embed(idx, start))  # (B, T, C); Embed checks ids, dtype, rank, T
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += idx.shape[1]  # every layer has stored the new keys and values
         logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
@@ -110,6 +118,20 @@ class GPT(nn.Module):
         if non_embedding:
             total -= self.embed.tok_emb.weight.numel() + self.embed.pos_emb.weight.numel()
         return total
+
+    def _check_cache(self, cache, idx):
+        """The first position of idx when it follows a cache; errors that would corrupt one."""
+        if self.training:
+            raise ValueError("a KV cache needs model.eval(): dropout would store random keys")
+        T, start = idx.shape[-1], cache.length
+        if start + T > self.config.max_seq_len:
+            raise ValueError(f"positions {start}..{start + T - 1} do not fit max_seq_len="
+                             f"{self.config.max_seq_len}: reset the cache and read the last "
+                             f"{self.config.max_seq_len} tokens again")
+        if start > 0 and T > 1:
+            raise ValueError(f"{T} new tokens after a cache of {start}: feed a prompt to an "
+                             "empty cache, then one token at a time")
+        return start
 
     def _check_targets(self, idx, targets):
         if not torch.is_tensor(targets) or targets.is_floating_point():

@@ -7,9 +7,10 @@ computed one step before. Causal attention is why: position t only ever looks at
 token costs one position's worth of work: its own q, k, v, attention over the cached keys, and
 the MLP for that one position.
 
-`KVCache` holds the keys and values; `forward_cached` runs step 08's GPT with its own weights
-(the same modules: embed, blocks, ln_f, head) over new positions only; `generate_cached` is
-step 09's loop on top. Greedy output is the same, token for token.
+`KVCache` holds the keys and values. The model needs no second forward for it: step 08's
+`GPT.forward(idx, cache=cache)` reads the new positions only, every attention layer appends its
+keys and values and attends over all of them. `generate_cached` is step 09's loop handed a
+cache. Greedy output is the same, token for token.
 
 When the text outgrows max_seq_len, `generate` crops the context to the last max_seq_len
 tokens. That moves every token to a new position, and with learned absolute positions every
@@ -24,11 +25,10 @@ import time
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.device import pick_device, seed_everything, synchronize
-from tiny_llm.generate import check_sampling, generate, next_token_probs
+from tiny_llm.generate import generate
 from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import load_tokenizer
@@ -37,101 +37,44 @@ from tiny_llm.tokenize import load_tokenizer
 class KVCache:
     """Keys and values of every layer for up to max_seq_len positions, allocated once.
 
-    k[layer] and v[layer] are (B, n_heads, max_seq_len, head_size); the first `length`
-    positions are filled. Memory: 2 · n_layers · B · max_seq_len · d_model numbers.
+    k[layer] and v[layer] are (B, n_kv_heads, max_seq_len, head_size); the first `length`
+    positions are filled. n_kv_heads is n_heads for step 08's GPT (fewer with step 15's
+    grouped-query attention). Memory: 2 · n_layers · B · max_seq_len · n_kv_heads · head_size.
+    The model's forward fills it (step 08: `model(idx, cache=cache)`) and advances `length`.
     """
 
     def __init__(self, config, batch_size=1, device="cpu", dtype=torch.float32):
         c = config
-        shape = (c.n_layers, batch_size, c.n_heads, c.max_seq_len, c.d_model // c.n_heads)
+        n_kv_heads = getattr(c, "n_kv_heads", c.n_heads)
+        shape = (c.n_layers, batch_size, n_kv_heads, c.max_seq_len, c.d_model // c.n_heads)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_seq_len = c.max_seq_len
         self.length = 0  # positions filled so far, the same for every layer
 
     def append(self, layer, k, v):
-        """Store (B, n_heads, t, head_size) k and v after the filled positions of `layer`;
-        return all keys and values so far, (B, n_heads, length + t, head_size) each."""
+        """Store (B, n_kv_heads, t, head_size) k and v after the filled positions of `layer`;
+        return all keys and values so far, (B, n_kv_heads, length + t, head_size) each."""
         start, t = self.length, k.shape[2]
         self.k[layer].narrow(2, start, t).copy_(k)  # positions start .. start + t - 1
         self.v[layer].narrow(2, start, t).copy_(v)
         return self.k[layer].narrow(2, 0, start + t), self.v[layer].narrow(2, 0, start + t)
 
+    def reset(self):
+        """Forget every position (the memory stays allocated)."""
+        self.length = 0
+
     def nbytes(self):
         return self.k.nbytes + self.v.nbytes
 
 
-def attend_cached(attn, x, cache, layer):
-    """Step 06's MultiHeadAttention on new positions only: (B, t, C) in, (B, t, C) out.
-
-    Same weights (attn.qkv, attn.proj), same math. A prefill (t > 1) starts from an empty
-    cache and is causal; a decode step (t = 1) lets the one new query see every cached key.
-    """
-    B, t, C = x.shape
-    # (B, t, 3·C) -> (B, t, 3, n_heads, head_size) -> 3 x (B, n_heads, t, head_size): the
-    # tensors step 06 gets with split, view and transpose, strides and all, in fewer steps
-    qkv = attn.qkv(x).view(B, t, 3, attn.n_heads, attn.head_size)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4)
-    keys, values = cache.append(layer, k, v)  # (B, n_heads, length + t, head_size)
-    y = F.scaled_dot_product_attention(q, keys, values, is_causal=t > 1)
-    y = y.transpose(1, 2).contiguous().view(B, t, C)  # heads side by side again
-    return attn.proj(y)
-
-
-@torch.inference_mode()  # no autograd bookkeeping at all: a decode step is a few hundred tiny ops
-def forward_cached(model, idx, cache):
-    """Run `model` (a step 08 GPT in eval mode) over the new ids `idx`, (B, t) int64, which sit
-    at positions cache.length .. cache.length + t - 1. Returns the last position's logits (B, V)
-    and leaves the new keys and values in the cache."""
-    if model.training:
-        raise ValueError("forward_cached needs model.eval(): dropout would change the cache")
-    start, t = cache.length, idx.shape[1]
-    if t > 1 and start > 0:
-        raise ValueError(f"a prefill of {t} tokens needs an empty cache, it holds {start}")
-    if start + t > cache.max_seq_len:
-        raise ValueError(f"positions {start}..{start + t - 1} do not fit max_seq_len="
-                         f"{cache.max_seq_len}: rebuild the cache from the last tokens")
-    pos_vectors = model.embed.pos_emb.weight[start : start + t]  # rows of the positions t sits at
-    x = model.embed.tok_emb(idx) + pos_vectors  # (B, t, C), as Embed computes it
-    for layer, block in enumerate(model.blocks):  # Block.forward with a cached attention
-        x = x + attend_cached(block.attn, block.ln_1(x), cache, layer)
-        x = x + block.mlp(block.ln_2(x))
-    cache.length += t
-    return model.head(model.ln_f(x[:, -1, :]))  # (B, V): only the last position is needed
-
-
-@torch.no_grad()
-def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                    generator=None, eot_id=0):
-    """Step 09's `generate`, same arguments and result, with a KV cache.
-
-    (1, T) int64 prompt in, (1, T + n) out. Past max_seq_len the cache is rebuilt from the
-    last max_seq_len tokens at every step, which is what `generate`'s cropping computes.
-    """
-    check_sampling(temperature, top_k, top_p)
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.shape[1] < 1:
-        shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
-        raise ValueError(f"idx must be a (1, T) tensor of token ids with T >= 1, got {shape}")
-    model.eval()
-    w = model.head.weight
-    cache = KVCache(model.config, batch_size=1, device=w.device, dtype=w.dtype)
-    M = model.config.max_seq_len
-    logits = forward_cached(model, idx[:, -M:], cache)  # prefill: the whole prompt at once
-    for i in range(max_new_tokens):
-        if temperature == 0:
-            next_id = logits.argmax(dim=-1, keepdim=True)  # (1, 1)
-        else:
-            probs = next_token_probs(logits, temperature, top_k, top_p)
-            next_id = torch.multinomial(probs, num_samples=1, generator=generator)
-        idx = torch.cat([idx, next_id], dim=1)
-        if (eot_id is not None and next_id.item() == eot_id) or i == max_new_tokens - 1:
-            break  # the last token needs no forward pass: nothing will read its logits
-        if cache.length < M:
-            logits = forward_cached(model, next_id, cache)  # decode: one position
-        else:  # the window is full: every position moves, rebuild from the last M tokens
-            cache.length = 0
-            logits = forward_cached(model, idx[:, -M:], cache)
-    return idx
+def generate_cached(model, idx, max_new_tokens, **sampling):
+    """Step 09's `generate`, same arguments and result, reading every token once through a
+    fresh KVCache. Past max_seq_len the cache is rebuilt from the last max_seq_len tokens at
+    every step, which is what `generate`'s cropping computes."""
+    weight = next(model.parameters())
+    cache = KVCache(model.config, batch_size=1, device=weight.device, dtype=weight.dtype)
+    return generate(model, idx, max_new_tokens, cache=cache, **sampling)
 
 
 def timed(device, fn, *args, **kwargs):

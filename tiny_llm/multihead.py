@@ -8,7 +8,9 @@ side by side again and mixed by one output projection.
 
 Two ways to compute the same thing: the attention math written out (scores, causal mask,
 softmax) and PyTorch's fused `F.scaled_dot_product_attention`, which never stores the
-(T, T) score matrix. `use_sdpa` picks one; the check shows they agree.
+(T, T) score matrix. `use_sdpa` picks one; the check shows they agree. `attend` is the fused
+path as a function of q, k and v alone, so that every later attention (step 12's cache, step
+14's position schemes, step 15's grouped-query heads) calls the same few lines.
 
 Run the check:  uv run python -m tiny_llm.multihead
 """
@@ -20,6 +22,27 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tiny_llm.device import seed_everything
+
+
+def attend(q, k, v, dropout_p=0.0, bias=None):
+    """Causal attention of queries q over keys k and values v: the heart of every layer.
+
+    q (B, H, Tq, hs); k, v (B, Hkv, Tk, hs), where Hkv divides H: with fewer key/value heads
+    (grouped-query attention, step 15) each serves H // Hkv query heads. Returns (B, H, Tq, hs).
+    Tq == Tk: query i sees keys 0..i. Tq == 1: one new query after a cache of keys (step 12)
+    sees them all. `bias`, an additive float mask broadcastable to (B, H, Tq, Tk) with -inf
+    where a query must not look (step 14's ALiBi), replaces the built-in causal mask.
+    """
+    if k.shape[1] != q.shape[1]:
+        groups = q.shape[1] // k.shape[1]  # (B, Hkv, Tk, hs) -> (B, H, Tk, hs): copies per group
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if bias is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+    Tq, Tk = q.shape[2], k.shape[2]
+    if Tq != Tk and Tq != 1:  # is_causal aligns the mask top-left: right only for these two
+        raise ValueError(f"attend: {Tq} queries after {Tk - Tq} cached keys; only a prefill of "
+                         "an empty cache (Tq == Tk) or one new token (Tq == 1) is supported")
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=Tq > 1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -57,8 +80,12 @@ class MultiHeadAttention(nn.Module):
         mask = torch.tril(torch.ones(max_seq_len, max_seq_len, dtype=torch.bool))
         self.register_buffer("mask", mask, persistent=False)
 
-    def forward(self, x):
-        """(B, T, d_model) -> (B, T, d_model)."""
+    def forward(self, x, cache=None, layer=0):
+        """(B, T, d_model) -> (B, T, d_model).
+
+        With a `cache` (step 12), x holds only the new positions; their keys and values are
+        stored as layer `layer`'s, and the queries attend over every position kept so far.
+        """
         B, T, C = self._check_input(x)
         q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
         # (B, T, C) -> (B, T, n_heads, head_size) -> (B, n_heads, T, head_size):
@@ -66,14 +93,25 @@ class MultiHeadAttention(nn.Module):
         q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)
         k = k.view(B, T, self.n_heads, self.head_size).transpose(1, 2)
         v = v.view(B, T, self.n_heads, self.head_size).transpose(1, 2)
-        if self.use_sdpa:
-            p = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        q, k = self.position(q, k, cache.length if cache is not None else 0)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # (B, n_heads, length + T, head_size)
+        if self.use_sdpa or cache is not None:
+            y = attend(q, k, v, self.dropout if self.training else 0.0, self.bias(T, k.shape[2]))
         else:
             y = self.explicit_attention(q, k, v)
         # (B, n_heads, T, head_size) -> (B, T, n_heads, head_size) -> (B, T, C): heads side by side
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.proj(y))
+
+    def position(self, q, k, start):
+        """Where a variant tells q and k their positions (step 14's RoPE); here they carry none:
+        step 04's embedding added the positions to x already."""
+        return q, k
+
+    def bias(self, n_queries, n_keys):
+        """An additive score bias for `attend` (step 14's ALiBi), or None: the plain causal mask."""
+        return None
 
     def explicit_attention(self, q, k, v):
         """softmax(q kᵀ / √head_size, causal) v for (B, n_heads, T, head_size) q, k, v."""

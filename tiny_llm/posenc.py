@@ -84,12 +84,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", table[:, 0::2], persistent=False)  # (max_len, head_size/2)
         self.register_buffer("cos", table[:, 1::2], persistent=False)
 
-    def forward(self, x):
+    def forward(self, x, start=0):
+        """`start`: the position of x's first row (a KV cache's length when decoding)."""
         T = x.shape[-2]
-        if T > self.max_len:
-            raise ValueError(f"sequence length T={T} exceeds max_len={self.max_len}: build "
-                             f"RotaryEmbedding(head_size, {T}); the angles are a formula of t")
-        sin, cos = self.sin[:T], self.cos[:T]  # (T, head_size/2), broadcast over B and heads
+        if start + T > self.max_len:
+            raise ValueError(f"sequence length T={start + T} exceeds max_len={self.max_len}: "
+                             f"build RotaryEmbedding(head_size, {start + T}); the angles are a "
+                             "formula of t")
+        sin, cos = self.sin[start : start + T], self.cos[start : start + T]  # (T, head_size/2)
         x_even, x_odd = x[..., 0::2], x[..., 1::2]  # the two coordinates of every pair
         turned = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return turned.flatten(-2)  # (..., T, head_size/2, 2) -> (..., T, head_size), pairs in place

@@ -61,7 +61,8 @@ class LabConfig(GPTConfig):
 
 
 class LabAttention(MultiHeadAttention):
-    """Step 06's attention, plus RoPE on q and k or ALiBi on the scores when `pos` asks.
+    """Step 06's attention, plus RoPE on q and k or ALiBi on the scores when `pos` asks: it
+    overrides only step 06's two hooks, `position` and `bias`.
 
     (B, T, d_model) in, (B, T, d_model) out, T <= max_seq_len.
     """
@@ -74,21 +75,15 @@ class LabAttention(MultiHeadAttention):
         if pos == "alibi":
             self.register_buffer("alibi", alibi_bias(n_heads, max_seq_len), persistent=False)
 
-    def forward(self, x):
-        B, T, C = self._check_input(x)
-        q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
-        # (B, T, C) -> (B, n_heads, T, head_size), as in step 06
-        q, k, v = (t.view(B, T, self.n_heads, self.head_size).transpose(1, 2) for t in (q, k, v))
-        if self.pos == "rope":
-            q, k = self.rope(q), self.rope(k)  # v carries content only: it is not turned
-        p = self.dropout if self.training else 0.0
-        if self.pos == "alibi":  # a float mask is added to the scores before the softmax
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.alibi[:, :T, :T],
-                                               dropout_p=p)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
-        return self.resid_dropout(self.proj(y))
+    def position(self, q, k, start):
+        if self.pos == "rope":  # v carries content only: it is not turned
+            return self.rope(q, start), self.rope(k, start)
+        return q, k
+
+    def bias(self, n_queries, n_keys):
+        if self.pos != "alibi":
+            return None  # the plain causal mask
+        return self.alibi[:, n_keys - n_queries : n_keys, :n_keys]  # the rows of the new queries
 
 
 class LabBlock(Block):

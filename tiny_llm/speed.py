@@ -12,17 +12,22 @@ Add --profile for PyTorch's table of the operators a step spends its time in.
 """
 
 import argparse
-import ctypes
 import os
 import platform
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from tiny_llm.device import matmul_gflops, pick_device, seed_everything, synchronize
+from tiny_llm.device import (  # noqa: F401 (kept_memory: step 10 uses it, step 13 explains it)
+    kept_memory,
+    matmul_gflops,
+    pick_device,
+    seed_everything,
+    synchronize,
+)
 from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS
 
 
@@ -67,33 +72,6 @@ def flops_per_token(config, n_matmul):
     gradients for the inputs and for the weights), so 3·(2·N + 4·L·T·d) in all.
     """
     return 6 * n_matmul + 12 * config.n_layers * config.max_seq_len * config.d_model
-
-
-@contextmanager
-def kept_memory(enabled=True):
-    """Within the block, glibc's malloc keeps freed memory for reuse; yields whether it could.
-
-    PyTorch's CPU tensors come from malloc, and malloc hands any block over 32 MB (the logits:
-    B·T·vocab_size floats, 64 MiB for 16 x 256 x 4096) straight back to the operating system
-    when it is freed. The next step's logits then arrive as fresh pages that the kernel
-    zeroes one 4 KiB page fault at a time. mallopt turns that off: no mmap, no trimming.
-    Linux with glibc only; elsewhere, and for GPUs (which cache their own memory), a no-op.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6") if enabled else None
-    except OSError:
-        libc = None
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameter numbers, from <malloc.h>
-    if libc is None or not libc.mallopt(M_MMAP_MAX, 0):
-        yield False
-        return
-    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)  # keep up to 1 GiB of free memory
-    try:
-        yield True
-    finally:  # glibc's defaults again, and give back what was kept
-        libc.mallopt(M_MMAP_MAX, 65536)
-        libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
-        libc.malloc_trim(0)
 
 
 def build(config, setting, device, seed=1337):

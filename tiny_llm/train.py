@@ -21,18 +21,23 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from tiny_llm.budget import fit_budget, pace_steps, parse_duration
 from tiny_llm.checkpoint import (
+    DEFAULT_MODEL_CLASS,
+    build_model,
+    class_path,
     load_checkpoint,
+    model_class,
     rng_state,
     save_checkpoint,
     set_rng_state,
     stop_on_ctrl_c,
 )
 from tiny_llm.data import ensure_data, get_batch, load_token_array
-from tiny_llm.device import pick_device, seed_everything
+from tiny_llm.device import kept_memory, pick_device, seed_everything
 from tiny_llm.files import atomic_path
 from tiny_llm.generate import story_from_checkpoint
-from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS, GPTConfig
+from tiny_llm.gpt import DEFAULT_PRESET
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
 from tiny_llm.tokenize import tokenizer_sha256
 
@@ -41,9 +46,11 @@ from tiny_llm.tokenize import tokenizer_sha256
 class TrainConfig:
     """Everything that defines a run. It is saved in the checkpoint, so --resume reuses it."""
 
-    preset: str = DEFAULT_PRESET  # the model size, a name in tiny_llm.gpt.PRESETS
+    model: str = "gpt"  # which model: gpt (step 08) or modern (step 15)
+    preset: str = DEFAULT_PRESET  # the model size, a name in that model's presets
     dropout: float = 0.0  # the model's dropout; 0.1 helps a long run on a small corpus
-    max_steps: int = 1500  # optimizer updates (about 10 minutes of the small preset on 2 cores)
+    time_budget: float = 570.0  # seconds of training, evaluations included (0: no budget)
+    max_steps: int = 0  # optimizer updates (0: as many as fit the time budget)
     out: str | None = None  # folder for ckpt.pt and log.jsonl (default runs/<preset>)
     resume: bool = False  # continue the run saved in out/ckpt.pt
     batch_size: int = 16  # windows of max_seq_len tokens per micro-batch
@@ -58,16 +65,21 @@ class TrainConfig:
     eval_iters: int = 20  # batches per evaluation
     device: str | None = None  # cuda, mps or cpu (default: the best available)
     dtype: str = "auto"  # float32, bfloat16 (autocast), or auto: bfloat16 on GPUs that have it
+    compile: bool = False  # torch.compile the model: faster steps after a compile of a minute
     seed: int = 1337
     data_dir: str = str(DATA_DIR)
 
 
 def check_config(cfg):
     """Raise a clear error for a setting that cannot work."""
-    if cfg.preset not in PRESETS:
-        raise ValueError(f"unknown preset {cfg.preset!r}: choose one of {', '.join(PRESETS)}")
+    presets = model_class(cfg.model).presets  # a clear error for an unknown --model
+    if cfg.preset not in presets:
+        raise ValueError(f"unknown preset {cfg.preset!r} for --model {cfg.model}: choose one of "
+                         f"{', '.join(presets)}")
     if cfg.dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
+    if cfg.max_steps == 0 and not cfg.time_budget > 0:
+        raise ValueError("give the run a length: --max-steps N, or --time-budget like 10m")
     lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
               "eval_interval": 1, "eval_iters": 1, "lr_decay_steps": 0}
     for name, low in lowest.items():
@@ -178,14 +190,20 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
         raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
                               "or pass another --out (or delete the folder) to start afresh")
     seed_everything(cfg.seed)
-    config = GPTConfig(**ckpt["config"]) if ckpt else replace(
-        PRESETS[cfg.preset], vocab_size=meta["vocab_size"], dropout=cfg.dropout)
-    model = GPT(config).to(device)
-    if ckpt is not None:  # into the whole model, before step 16 wraps or shards it
-        model.load_state_dict(ckpt["model"])
+    if ckpt:
+        model = build_model(ckpt.get("model_class", DEFAULT_MODEL_CLASS), ckpt["config"])
+        model.load_state_dict(ckpt["model"])  # into the whole model, before step 16 shards it
+    else:
+        cls = model_class(cfg.model)
+        model = cls(replace(cls.presets[cfg.preset], vocab_size=meta["vocab_size"],
+                            dropout=cfg.dropout))
+    model = model.to(device)
+    if cfg.compile:
+        model.compile()  # in place: the state_dict keeps its names
     model = parallel.wrap(model)
+    # fused: the whole update in one kernel per parameter group (CPU and CUDA), same math
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                                  betas=(0.9, 0.95), fused=device.type == "cuda")
+                                  betas=(0.9, 0.95), fused=device.type in ("cpu", "cuda"))
     data_gen = torch.Generator().manual_seed(cfg.seed)
     if ckpt is None:
         return model, optimizer, data_gen, 0, []
@@ -222,6 +240,7 @@ def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
         return
     save_checkpoint(ckpt_path, {
         "model": model_state, "config": asdict(parallel.unwrap(model).config), "step": step,
+        "model_class": class_path(parallel.unwrap(model)),
         "tokenizer_sha256": tokenizer_sha256(Path(cfg.data_dir) / "tokenizer.json"),
         "data_source": meta["source"], "optimizer": optimizer_state,
         "rng": rng_state(data_gen), "train_config": asdict(cfg),
@@ -231,6 +250,17 @@ def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
     })
     with atomic_path(ckpt_path.parent / "log.jsonl") as tmp:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def first_record(model, train_data, valid_data, cfg, device):
+    """Step 0: the untrained model's losses on the fixed evaluation batches, and how long one
+    evaluation takes (a budgeted run plans with it)."""
+    t0 = time.perf_counter()
+    train_loss = estimate_loss(model, train_data, cfg, device)
+    eval_s = time.perf_counter() - t0
+    return {"step": 0, "train_loss": train_loss,
+            "val_loss": estimate_loss(model, valid_data, cfg, device), "lr": 0.0, "tokens": 0,
+            "tokens_per_s": 0.0, "time_s": 0.0, "eval_s": eval_s}
 
 
 def describe(r):
@@ -252,6 +282,8 @@ def train(cfg, parallel=ONE_PROCESS):
     ckpt_path = Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt"
     model, optimizer, data_gen, step, records = start_run(cfg, meta, device, ckpt_path, parallel)
     gpt = parallel.unwrap(model)
+    if cfg.resume and cfg.max_steps == 0 and step >= pace_steps(cfg):  # the budget fixed it
+        cfg = replace(cfg, max_steps=load_checkpoint(ckpt_path)["train_config"]["max_steps"])
     train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
     tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
     print(f"{'data':<12} {meta['source']}, {meta['train']['tokens']:,} train tokens")
@@ -260,27 +292,33 @@ def train(cfg, parallel=ONE_PROCESS):
     print(f"{'batch':<12} {cfg.batch_size} x {gpt.config.max_seq_len} tokens x {cfg.grad_accum} "
           f"accumulated{ranks} = {tokens_per_step:,} tokens per step, dtype {cfg.dtype}")
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
-    decay_steps = cfg.lr_decay_steps or cfg.max_steps
-    bar = tqdm(total=cfg.max_steps, initial=step,  # stderr, in a terminal, on rank 0
+    pacing = cfg.time_budget > 0 and step < pace_steps(cfg)  # the step count is still open
+    step_times = []
+    bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
                disable=None if parallel.rank == 0 else True)
-    with stop_on_ctrl_c() as stop:
+    with stop_on_ctrl_c() as stop, kept_memory(device.type == "cpu"):  # step 13 explains it
         if step == 0:
-            records.append({"step": 0, "train_loss": estimate_loss(gpt, train_data, cfg, device),
-                            "val_loss": estimate_loss(gpt, valid_data, cfg, device),
-                            "lr": 0.0, "tokens": 0, "tokens_per_s": 0.0, "time_s": 0.0})
+            records.append(first_record(gpt, train_data, valid_data, cfg, device))
             tqdm.write(describe(records[-1]), file=sys.stdout)
-        while step < cfg.max_steps:
+        while pacing or step < cfg.max_steps:
+            decay_steps = cfg.lr_decay_steps or cfg.max_steps
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
             t0 = time.perf_counter()
             loss = update(model, optimizer, train_data, cfg, device, data_gen, lr, step,
                           parallel=parallel)
             step += 1
-            speed = tokens_per_step / (time.perf_counter() - t0)  # of the update alone
-            records.append({"step": step, "train_loss": loss, "lr": lr, "tokens_per_s": speed,
+            step_times.append(time.perf_counter() - t0)
+            records.append({"step": step, "train_loss": loss, "lr": lr,
+                            "tokens_per_s": tokens_per_step / step_times[-1],  # the update alone
                             "tokens": step * tokens_per_step,
                             "time_s": time.perf_counter() - clock})
+            if pacing and step == pace_steps(cfg):  # fix the step count from the pace so far
+                pacing, cfg = False, fit_budget(cfg, step, records, step_times)
+                cfg = replace(cfg, max_steps=round(parallel.mean(cfg.max_steps)))  # ranks agree
+                bar.total = cfg.max_steps
             bar.update()
-            bar.set_postfix_str(f"loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} tok/s")
+            bar.set_postfix_str(f"loss {loss:.3f}, lr {lr:.2e}, "
+                                f"{records[-1]['tokens_per_s']:,.0f} tok/s")
             evaluate = step % cfg.eval_interval == 0 or step == cfg.max_steps
             if evaluate:
                 records[-1]["val_loss"] = estimate_loss(gpt, valid_data, cfg, device)
@@ -303,6 +341,7 @@ def parse_args():
             parser.add_argument(flag, action="store_true", default=None)
         else:  # the default's type; out and device default to None and take a text
             kind = str if f.default is None else type(f.default)
+            kind = parse_duration if f.name == "time_budget" else kind
             parser.add_argument(flag, type=kind, help=f"default: {f.default}")
     parser.add_argument("--sample-tokens", type=int, default=200, help="story length (0: none)")
     args = parser.parse_args()
