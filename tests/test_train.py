@@ -223,8 +223,8 @@ def test_a_budgeted_run_resumes_exactly(sample_data_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(train_module, "time", FakeClock())
     real_update = train_module.update
 
-    def update_then_ctrl_c(*args):
-        loss = real_update(*args)
+    def update_then_ctrl_c(*args, **kwargs):  # kwargs: step 16's `parallel`
+        loss = real_update(*args, **kwargs)
         if args[-1] == 29:  # after the pace is measured, as if the learner pressed Ctrl-C
             signal.raise_signal(signal.SIGINT)
         return loss
