@@ -49,8 +49,10 @@ def model_class(name):
 
 
 def class_path(model):
-    """The dotted path a checkpoint records for `model`: GPT -> "tiny_llm.gpt.GPT"."""
-    return f"{type(model).__module__}.{type(model).__qualname__}"
+    """The dotted path a checkpoint records for `model`: GPT -> "tiny_llm.gpt.GPT". Classes that
+    PyTorch makes are skipped: FSDP2 (step 16) turns a sharded GPT into a subclass, FSDPGPT."""
+    cls = next(c for c in type(model).__mro__ if not c.__module__.startswith("torch."))
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def build_model(class_name, config):
