@@ -24,7 +24,8 @@ def torchrun(*flags, script=("-m", "tiny_llm.scale"), cwd, data_dir):
     """Run 2 ranks under torchrun as a learner would; returns the finished process."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
             "2", *script, "--preset", "tiny", "--batch-size", "4", "--warmup-steps", "2",
-            "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu", *flags]
+            "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu", "--time-budget", "0",
+            *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TINY_LLM_DATA_DIR": str(data_dir)}
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=TIMEOUT, check=False)
@@ -40,7 +41,8 @@ def one_rank(sample_data_dir, tmp_path_factory):
     """The reference: one process, 8 windows a step (what 2 ranks of 4 windows share)."""
     out = tmp_path_factory.mktemp("one")
     train(TrainConfig(preset="tiny", max_steps=4, batch_size=8, warmup_steps=2, eval_interval=2,
-                      eval_iters=1, data_dir=str(sample_data_dir), out=str(out), device="cpu"))
+                      eval_iters=1, data_dir=str(sample_data_dir), out=str(out), device="cpu",
+                      time_budget=0))
     return out
 
 

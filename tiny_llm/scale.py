@@ -217,7 +217,7 @@ def compare(data_dir, work, steps=4, batch_size=8, world_size=2):
     difference, and each step's largest difference between the ranks' weights."""
     base = TrainConfig(preset="tiny", max_steps=steps, batch_size=batch_size, warmup_steps=2,
                        eval_interval=1, eval_iters=1, data_dir=str(data_dir), device="cpu",
-                       dtype="float32", lr_decay_steps=steps)
+                       dtype="float32", lr_decay_steps=steps, time_budget=0)
     with contextlib.redirect_stdout(io.StringIO()):
         train(replace(base, out=str(work / "one")))
     ranks = replace(base, batch_size=batch_size // world_size, out=str(work / "ranks"))
