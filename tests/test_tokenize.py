@@ -351,7 +351,13 @@ def test_solutions():
     assert ex02_tokenize.exercise_1_merges_to_one_token() == 7
     ids, dragon, whole, cut = ex02_tokenize.exercise_2_unseen_characters()
     assert dragon == [240, 159, 144, 137] and whole == "naïve 🐉" and cut.endswith("\ufffd")
-    by_vocab = ex02_tokenize.exercise_3_bytes_per_token_by_vocab((300, 600), n_train=300)
+    pieces, spanning = ex02_tokenize.exercise_3_pre_tokens(n_train=10)
+    assert pieces[5:9] == [" I", " DON", "'", "T"] and pieces[11:13] == [" ", " It"]
+    assert spanning["with"] == [] and len(spanning["without"]) > 10
+    result = ex02_tokenize.exercise_4_special_tokens(n_train=60)
+    assert result["special"][1:] == (1, [])
+    assert result["plain text"][1] > 1 and b"<|" in result["plain text"][2]
+    by_vocab = ex02_tokenize.exercise_5_bytes_per_token_by_vocab((300, 600), n_train=300)
     assert 1.0 < by_vocab[300] < by_vocab[600]
-    assert 1000 < ex02_tokenize.exercise_4_vocab_saturates(n_train=500) < 4096
-    assert ex02_tokenize.exercise_5_eot_is_always_zero() == ([0, 0, 0], 0)
+    assert 1000 < ex02_tokenize.exercise_6_vocab_saturates(n_train=500) < 4096
+    assert ex02_tokenize.exercise_7_eot_is_always_zero() == ([0, 0, 0], 0)
