@@ -88,6 +88,15 @@ def test_bpe_decode_replaces_a_broken_character():
     assert bpe.decode([0xC3]) == "\ufffd"
 
 
+def test_bpe_rejects_bad_special_tokens():
+    with pytest.raises(TypeError, match="list of non-empty strings, got '<|endoftext|>'"):
+        BytePairEncoder(EOT)
+    with pytest.raises(TypeError, match="list of non-empty strings"):
+        BytePairEncoder([""])
+    with pytest.raises(ValueError, match=r"int >= 257 \(256 bytes \+ 1 special tokens\), got 256"):
+        BytePairEncoder([EOT, EOT]).train("abc", vocab_size=256)
+
+
 def test_bpe_rejects_bad_training_input():
     with pytest.raises(ValueError, match="vocab_size must be an int >= 256.*got 100"):
         BytePairEncoder().train("abc", vocab_size=100)
@@ -124,7 +133,8 @@ def both(stories):
 def test_pretokenize_splits_words_numbers_and_punctuation_losslessly():
     text = "The dog's ball. 42 dogs!  Why?\n"
     pieces = pretokenize(text)
-    assert pieces == ["The", " dog", "'s", " ball", ".", " 42", " dogs", "!", " ", " Why", "?", "\n"]
+    assert pieces == ["The", " dog", "'s", " ball", ".", " 42", " dogs", "!", " ", " Why", "?",
+                      "\n"]
     assert pretokenize(text, pattern=None) == [text]
     rng = random.Random(0)
     for _ in range(100):

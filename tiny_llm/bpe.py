@@ -106,8 +106,12 @@ class BytePairEncoder:
     """
 
     def __init__(self, special_tokens=(), pattern=GPT2_SPLIT_PATTERN):
+        if isinstance(special_tokens, str) or not all(
+                isinstance(s, str) and s for s in special_tokens):
+            raise TypeError(f"special_tokens must be a list of non-empty strings, got "
+                            f"{special_tokens!r}: write e.g. BytePairEncoder(['<|endoftext|>'])")
         self.pattern = pattern
-        self.special_names = list(special_tokens)
+        self.special_names = list(dict.fromkeys(special_tokens))  # without repeats, in order
         self.reset()
 
     def reset(self):
