@@ -1,11 +1,13 @@
 """Step 02: from text to token ids and back.
 
 A GPT reads and writes integers, not characters. A tokenizer turns text into a list of ids from
-a fixed vocabulary and back. We build one from scratch first (byte-level byte pair encoding, in a
-few dozen lines of plain Python), then the production one with Hugging Face `tokenizers`, which
-runs the same algorithm in Rust fast enough for a whole corpus.
+a fixed vocabulary and back. We build one from scratch first (byte-level byte pair encoding with
+GPT-2's pre-tokenizer and special tokens, in plain Python: tiny_llm/bpe.py), then the production
+one with Hugging Face `tokenizers`, which runs the same algorithm in Rust, and compare the two.
 
 Run the check:  uv run python -m tiny_llm.tokenize
+Time ours against Hugging Face's on a corpus:
+    uv run python -m tiny_llm.tokenize --corpus TinyStories-train.txt --stories 364
 """
 
 import argparse
@@ -221,10 +223,14 @@ def show_production_tokenizer(sentence):
 
 def compare_on_file(path, n_stories, vocab_size):
     """Time our BPE against Hugging Face's on the first `n_stories` stories of a text file."""
-    text = Path(path).read_text(encoding="utf-8")
+    text = ""
+    with open(path, encoding="utf-8") as f:  # read only as far as needed: corpora can be GBs
+        while text.count(EOT) < n_stories and (chunk := f.read(2**20)):
+            text += chunk
+    if text.count(EOT) < n_stories:
+        raise ValueError(f"{path} holds {text.count(EOT)} stories ending in {EOT}, fewer than "
+                         f"--stories {n_stories}: ask for fewer")
     stories = text.split(EOT)[:n_stories]
-    if len(stories) < n_stories:
-        raise ValueError(f"{path} holds {len(stories)} stories, fewer than --stories {n_stories}")
     ours, theirs, (t_ours, t_theirs) = train_both(stories, vocab_size)
     merges = scratch_merges(ours)
     in_order, anywhere = agreement(merges, hf_merges(theirs))
@@ -248,7 +254,10 @@ def main():
                         "merges + 256 bytes + EOT)")
     args = parser.parse_args()
     if args.corpus:
-        return compare_on_file(args.corpus, args.stories, args.vocab_size)
+        try:
+            return compare_on_file(args.corpus, args.stories, args.vocab_size)
+        except (OSError, ValueError) as err:
+            parser.error(str(err))
     print("BPE from scratch")
     show_scratch_bpe()
     print()
