@@ -260,6 +260,18 @@ def test_same_merges_encode_every_text_the_same_way(both, stories):
         assert ours == [token_bytes(t) for t in theirs.encode(text).tokens], repr(text)
 
 
+def test_compare_on_file_reads_only_the_first_stories(tmp_path, capsys):
+    path = tmp_path / "stories.txt"
+    path.write_text("".join(f"{story}\n{EOT}\n" for story in generate_stories(30, seed=3)))
+    stories = tokenize.first_stories(path, 20)
+    assert len(stories) == 20 and stories[1].startswith("\n") and EOT not in "".join(stories)
+    tokenize.compare_on_file(path, 30, vocab_size=300)
+    out = capsys.readouterr().out
+    assert "43 merges in" in out and "with HF tie rule   43 of 43 in the same order" in out
+    with pytest.raises(ValueError, match="holds 30 stories .* fewer than --stories 31"):
+        tokenize.first_stories(path, 31)
+
+
 def test_check_output_pre_tokenization_and_comparison(capsys):
     tokenize.show_scratch_bpe()
     out = capsys.readouterr().out

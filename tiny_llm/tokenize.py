@@ -181,18 +181,23 @@ def show_scratch_bpe():
     print(f"{'round trip':<18} {'OK' if ok else 'FAILED'} on {len(TRICKY)} unseen UTF-8 strings")
 
 
+def print_agreement(ours, theirs, stories, vocab_size):
+    """Print how our merges compare with Hugging Face's, then with our BPE on HF's tie rule."""
+    mine, hf = scratch_merges(ours), hf_merges(theirs)
+    in_order, anywhere = agreement(mine, hf)
+    hf_rule = HFTieBreakBPE([EOT]).train(EOT.join(stories), vocab_size)
+    same_hf_rule, _ = agreement(scratch_merges(hf_rule), hf)
+    print(f"{'same order':<18} the first {in_order:,}")
+    print(f"{'same merges':<18} {anywhere:,} of {len(mine):,}, in any order")
+    print(f"{'with HF tie rule':<18} {same_hf_rule:,} of {len(mine):,} in the same order")
+
+
 def show_comparison(stories, sentence, vocab_size=1000):
     """Train both implementations on `stories`, print how their merges and tokens compare."""
     ours, theirs, _ = train_both(stories, vocab_size)
-    merges = scratch_merges(ours)
-    in_order, anywhere = agreement(merges, hf_merges(theirs))
-    hf_rule = HFTieBreakBPE([EOT]).train(EOT.join(stories), vocab_size)
-    same_hf_rule, _ = agreement(scratch_merges(hf_rule), hf_merges(theirs))
     print(f"{'trained on':<18} {len(stories):,} sample stories, vocab {vocab_size:,} each")
-    print(f"{'merges':<18} {len(merges)} ours, {len(hf_merges(theirs))} Hugging Face")
-    print(f"{'same order':<18} the first {in_order}")
-    print(f"{'same merges':<18} {anywhere} of {len(merges)}, in any order")
-    print(f"{'with HF tie rule':<18} {same_hf_rule} of {len(merges)} in the same order")
+    print(f"{'merges':<18} {len(ours.merges)} ours, {len(hf_merges(theirs))} Hugging Face")
+    print_agreement(ours, theirs, stories, vocab_size)
     print(f"{'sentence':<18} {sentence!r}")
     print(f"{'ours':<18} {[ours.decode([i]) for i in ours.encode(sentence)]}")
     hf_tokens = [token_bytes(t).decode("utf-8", "replace") for t in theirs.encode(sentence).tokens]
@@ -221,27 +226,26 @@ def show_production_tokenizer(sentence):
     print(f"{'bytes per token':<18} {bytes_per_token(stories, ids):.2f} on 200 sample stories")
 
 
-def compare_on_file(path, n_stories, vocab_size):
-    """Time our BPE against Hugging Face's on the first `n_stories` stories of a text file."""
+def first_stories(path, n_stories):
+    """The first `n_stories` of a text file with stories separated by EOT, reading no further."""
     text = ""
-    with open(path, encoding="utf-8") as f:  # read only as far as needed: corpora can be GBs
+    with open(path, encoding="utf-8") as f:  # a corpus file can be gigabytes
         while text.count(EOT) < n_stories and (chunk := f.read(2**20)):
             text += chunk
     if text.count(EOT) < n_stories:
         raise ValueError(f"{path} holds {text.count(EOT)} stories ending in {EOT}, fewer than "
                          f"--stories {n_stories}: ask for fewer")
-    stories = text.split(EOT)[:n_stories]
+    return text.split(EOT)[:n_stories]
+
+
+def compare_on_file(path, n_stories, vocab_size):
+    """Time our BPE against Hugging Face's on the first `n_stories` stories of a text file."""
+    stories = first_stories(path, n_stories)
     ours, theirs, (t_ours, t_theirs) = train_both(stories, vocab_size)
-    merges = scratch_merges(ours)
-    in_order, anywhere = agreement(merges, hf_merges(theirs))
-    hf_rule = HFTieBreakBPE([EOT]).train(EOT.join(stories), vocab_size)
-    same_hf_rule, _ = agreement(scratch_merges(hf_rule), hf_merges(theirs))
     print(f"{'text':<18} {len(EOT.join(stories).encode('utf-8')):,} bytes, {n_stories:,} stories")
-    print(f"{'ours':<18} {len(merges):,} merges in {t_ours:.2f} s")
+    print(f"{'ours':<18} {len(ours.merges):,} merges in {t_ours:.2f} s")
     print(f"{'Hugging Face':<18} {len(hf_merges(theirs)):,} merges in {t_theirs:.2f} s")
-    print(f"{'same order':<18} the first {in_order:,}")
-    print(f"{'same merges':<18} {anywhere:,} of {len(merges):,}, in any order")
-    print(f"{'with HF tie rule':<18} {same_hf_rule:,} of {len(merges):,} in the same order")
+    print_agreement(ours, theirs, stories, vocab_size)
 
 
 def main():
