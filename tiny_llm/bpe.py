@@ -103,6 +103,10 @@ class BytePairEncoder:
 
     `pattern` is the pre-tokenizer (None: the text is one piece, the textbook BPE). Any text is
     a sequence of UTF-8 bytes, so any text can be encoded: there is no unknown token.
+
+    >>> bpe = BytePairEncoder(["<|endoftext|>"]).train("aaabdaaabac", vocab_size=260)
+    >>> bpe.encode("aaab<|endoftext|>"), bpe.decode([258, 259])
+    ([258, 259], 'aaab<|endoftext|>')
     """
 
     def __init__(self, special_tokens=(), pattern=GPT2_SPLIT_PATTERN):
