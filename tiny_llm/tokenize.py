@@ -1,20 +1,30 @@
 """Step 02: from text to token ids and back.
 
 A GPT reads and writes integers, not characters. A tokenizer turns text into a list of ids from
-a fixed vocabulary and back. We build one from scratch first (byte-level byte pair encoding, in a
-few dozen lines of plain Python), then the production one with Hugging Face `tokenizers`, which
-runs the same algorithm in Rust fast enough for a whole corpus.
+a fixed vocabulary and back. We build one from scratch first (byte-level byte pair encoding with
+GPT-2's pre-tokenizer and special tokens, in plain Python: tiny_llm/bpe.py), then the production
+one with Hugging Face `tokenizers`, which runs the same algorithm in Rust, and compare the two.
 
 Run the check:  uv run python -m tiny_llm.tokenize
+Time ours against Hugging Face's on a corpus:
+    uv run python -m tiny_llm.tokenize --corpus TinyStories-train.txt --stories 364
 """
 
 import argparse
 import hashlib
-import itertools
+import json
+import time
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tiny_llm.bpe import (
+    GPT2_SPLIT_PATTERN,
+    BytePairEncoder,
+    HFTieBreakBPE,
+    scratch_merges,
+    token_bytes,
+)
 from tiny_llm.files import atomic_path
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.sample_stories import generate_stories
@@ -22,85 +32,6 @@ from tiny_llm.sample_stories import generate_stories
 EOT = "<|endoftext|>"  # marks the end of one story; always id 0
 VOCAB_SIZE = 4096
 MAX_VOCAB_SIZE = 2**16  # step 03 stores ids as uint16, which holds 0..65,535
-
-
-# ---------------------------------------------------------------------------------------------
-# Byte pair encoding from scratch
-
-
-def get_stats(ids):
-    """Count how often each adjacent pair of ids occurs.
-
-    >>> get_stats([1, 2, 3, 1, 2])
-    {(1, 2): 2, (2, 3): 1, (3, 1): 1}
-    """
-    counts = {}
-    for pair in itertools.pairwise(ids):
-        counts[pair] = counts.get(pair, 0) + 1
-    return counts
-
-
-def merge(ids, pair, new_id):
-    """Replace every occurrence of `pair` in `ids`, left to right, by `new_id`.
-
-    >>> merge([1, 2, 3, 1, 2], (1, 2), 4)
-    [4, 3, 4]
-    """
-    out, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
-
-
-class BytePairEncoder:
-    """Byte-level BPE: ids 0..255 are the 256 byte values, each learned merge adds one id.
-
-    Any text is a sequence of UTF-8 bytes, so any text can be encoded: there is no unknown token.
-    """
-
-    def __init__(self):
-        self.merges = {}  # (id, id) -> new id, in the order they were learned
-        self.vocab = {i: bytes([i]) for i in range(256)}  # id -> the bytes it stands for
-
-    def train(self, text, vocab_size):
-        """Learn `vocab_size - 256` merges from `text` (fewer if the text runs out of pairs)."""
-        if not isinstance(text, str):
-            raise TypeError(f"train() needs a str, got {type(text).__name__}")
-        if not isinstance(vocab_size, int) or vocab_size < 256:
-            raise ValueError(f"vocab_size must be an int >= 256 (the bytes), got {vocab_size!r}")
-        self.merges = {}
-        self.vocab = {i: bytes([i]) for i in range(256)}
-        ids = list(text.encode("utf-8"))
-        for new_id in range(256, vocab_size):
-            stats = get_stats(ids)
-            if not stats:
-                break  # the whole text is one token: nothing left to merge
-            pair = max(stats, key=stats.get)  # the most frequent pair; ties go to the first seen
-            ids = merge(ids, pair, new_id)
-            self.merges[pair] = new_id
-            self.vocab[new_id] = self.vocab[pair[0]] + self.vocab[pair[1]]
-        return self
-
-    def encode(self, text):
-        """str -> list of ids, applying the learned merges in the order they were learned."""
-        ids = list(text.encode("utf-8"))
-        while len(ids) >= 2:
-            stats = get_stats(ids)
-            # the earliest-learned merge present goes first, exactly as during training
-            pair = min(stats, key=lambda p: self.merges.get(p, float("inf")))
-            if pair not in self.merges:
-                break
-            ids = merge(ids, pair, self.merges[pair])
-        return ids
-
-    def decode(self, ids):
-        """list of ids -> str. A cut through a multi-byte character shows up as '\ufffd'."""
-        return b"".join(self.vocab[i] for i in ids).decode("utf-8", errors="replace")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,12 +109,44 @@ def tokenizer_sha256(path=None):
 
 
 # ---------------------------------------------------------------------------------------------
+# One algorithm, two implementations: our BPE against the Hugging Face trainer
+
+
+def hf_merges(tokenizer):
+    """A Hugging Face BPE's merges in the order learned, as pairs of bytes: [(b' ', b't'), ...]."""
+    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+    return [tuple(token_bytes(t) for t in m) for m in merges]
+
+
+def agreement(ours, theirs):
+    """(merges equal from the first one on, merges of ours the other learned at any place).
+
+    >>> agreement([(b"a", b"b"), (b"c", b"d"), (b"e", b"f")], [(b"a", b"b"), (b"e", b"f")])
+    (1, 2)
+    """
+    same = [a == b for a, b in zip(ours, theirs, strict=False)] + [False]
+    return same.index(False), len(set(ours) & set(theirs))
+
+
+def train_both(stories, vocab_size):
+    """Train our BPE and the Hugging Face one on the same stories: (ours, theirs, seconds each)."""
+    start = time.perf_counter()
+    ours = BytePairEncoder([EOT]).train(EOT.join(stories), vocab_size)
+    middle = time.perf_counter()
+    theirs = train_tokenizer(stories, vocab_size)  # HF does not split EOT out of training text
+    return ours, theirs, (middle - start, time.perf_counter() - middle)
+
+
+# ---------------------------------------------------------------------------------------------
 # The check
 
 TOY_TEXT = (
     "The cat sat on the mat. The dog sat on the log. The cat and the dog are friends. "
     "Then the cat saw the dog and the dog saw the cat, and they sat together in the sun."
 )
+DOG_NAMES = ["My", "Your", "Her", "His", "Our", "Big", "Old", "Sad", "Wet", "Fat", "Shy", "Red"]
+DOG_TEXT = " ".join(f"{w} dog{end}" for w, end in zip(DOG_NAMES, ".!?" * 4, strict=True))
+COMPARE_STORIES = 1000
 SAMPLE_TRAIN_STORIES = 5000  # the train split of step 03's `--source sample` (seed 0)
 SENTENCE = "Once upon a time, a tiny dragon found a shiny rock."
 TRICKY = ("café crème brûlée", "日本語のテキスト", "emoji 😀🐉👩‍👩‍👧", "tabs\tand\nnewlines  ",
@@ -196,7 +159,7 @@ def bytes_per_token(texts, ids):
 
 
 def show_scratch_bpe():
-    """Train the from-scratch BPE on two tiny texts and print what it learned."""
+    """Train the from-scratch BPE on tiny texts and print what it learned."""
     bpe = BytePairEncoder().train("aaabdaaabac", vocab_size=259)
     print(f"{'text':<18} 'aaabdaaabac' (11 bytes)")
     for i, ((a, b), new_id) in enumerate(bpe.merges.items(), start=1):
@@ -204,13 +167,41 @@ def show_scratch_bpe():
     ids = bpe.encode("aaabdaaabac")
     print(f"{'encoded':<18} {ids} ({len(ids)} tokens)")
 
-    bpe = BytePairEncoder().train(TOY_TEXT, vocab_size=256 + 40)
+    for name, pattern in [("no pre-tokenizer", None), ("GPT-2 pre-tokens", GPT2_SPLIT_PATTERN)]:
+        bpe = BytePairEncoder(pattern=pattern).train(DOG_TEXT, vocab_size=256 + 8)
+        print(f"{name:<18} {[bpe.decode([i]) for i in bpe.encode('A dog. A dog! A dog?')]}")
+
+    bpe = BytePairEncoder([EOT]).train(TOY_TEXT, vocab_size=256 + 40 + 1)
     first = [bpe.vocab[i].decode("utf-8") for i in range(256, 266)]
     print(f"{'toy text':<18} {len(TOY_TEXT.encode('utf-8'))} bytes, {len(bpe.merges)} merges")
     print(f"{'first merges':<18} {first}")
     print(f"{'bytes per token':<18} {bytes_per_token([TOY_TEXT], [bpe.encode(TOY_TEXT)]):.2f}")
+    print(f"{'EOT':<18} {EOT!r} -> {bpe.encode(EOT)}")
     ok = all(bpe.decode(bpe.encode(t)) == t for t in TRICKY)
     print(f"{'round trip':<18} {'OK' if ok else 'FAILED'} on {len(TRICKY)} unseen UTF-8 strings")
+
+
+def print_agreement(ours, theirs, stories, vocab_size):
+    """Print how our merges compare with Hugging Face's, then with our BPE on HF's tie rule."""
+    mine, hf = scratch_merges(ours), hf_merges(theirs)
+    in_order, anywhere = agreement(mine, hf)
+    hf_rule = HFTieBreakBPE([EOT]).train(EOT.join(stories), vocab_size)
+    same_hf_rule, _ = agreement(scratch_merges(hf_rule), hf)
+    print(f"{'same order':<18} the first {in_order:,}")
+    print(f"{'same merges':<18} {anywhere:,} of {len(mine):,}, in any order")
+    print(f"{'with HF tie rule':<18} {same_hf_rule:,} of {len(mine):,} in the same order")
+
+
+def show_comparison(stories, sentence, vocab_size=1000):
+    """Train both implementations on `stories`, print how their merges and tokens compare."""
+    ours, theirs, _ = train_both(stories, vocab_size)
+    print(f"{'trained on':<18} {len(stories):,} sample stories, vocab {vocab_size:,} each")
+    print(f"{'merges':<18} {len(ours.merges)} ours, {len(hf_merges(theirs))} Hugging Face")
+    print_agreement(ours, theirs, stories, vocab_size)
+    print(f"{'sentence':<18} {sentence!r}")
+    print(f"{'ours':<18} {[ours.decode([i]) for i in ours.encode(sentence)]}")
+    hf_tokens = [token_bytes(t).decode("utf-8", "replace") for t in theirs.encode(sentence).tokens]
+    print(f"{'Hugging Face':<18} {hf_tokens}")
 
 
 def show_production_tokenizer(sentence):
@@ -235,12 +226,47 @@ def show_production_tokenizer(sentence):
     print(f"{'bytes per token':<18} {bytes_per_token(stories, ids):.2f} on 200 sample stories")
 
 
+def first_stories(path, n_stories):
+    """The first `n_stories` of a text file with stories separated by EOT, reading no further."""
+    text = ""
+    with open(path, encoding="utf-8") as f:  # a corpus file can be gigabytes
+        while text.count(EOT) < n_stories and (chunk := f.read(2**20)):
+            text += chunk
+    if text.count(EOT) < n_stories:
+        raise ValueError(f"{path} holds {text.count(EOT)} stories ending in {EOT}, fewer than "
+                         f"--stories {n_stories}: ask for fewer")
+    return text.split(EOT)[:n_stories]
+
+
+def compare_on_file(path, n_stories, vocab_size):
+    """Time our BPE against Hugging Face's on the first `n_stories` stories of a text file."""
+    stories = first_stories(path, n_stories)
+    ours, theirs, (t_ours, t_theirs) = train_both(stories, vocab_size)
+    print(f"{'text':<18} {len(EOT.join(stories).encode('utf-8')):,} bytes, {n_stories:,} stories")
+    print(f"{'ours':<18} {len(ours.merges):,} merges in {t_ours:.2f} s")
+    print(f"{'Hugging Face':<18} {len(hf_merges(theirs)):,} merges in {t_theirs:.2f} s")
+    print_agreement(ours, theirs, stories, vocab_size)
+
+
 def main():
     parser = argparse.ArgumentParser(description="Step 02: BPE from scratch, then the real one.")
     parser.add_argument("--text", default=SENTENCE, help="a sentence to show as tokens")
+    parser.add_argument("--corpus", help="instead: time our BPE against HF's on this text file "
+                        f"(stories separated by {EOT})")
+    parser.add_argument("--stories", type=int, default=364, help="with --corpus: stories to use")
+    parser.add_argument("--vocab-size", type=int, default=757, help="with --corpus (757: 500 "
+                        "merges + 256 bytes + EOT)")
     args = parser.parse_args()
+    if args.corpus:
+        try:
+            return compare_on_file(args.corpus, args.stories, args.vocab_size)
+        except (OSError, ValueError) as err:
+            parser.error(str(err))
     print("BPE from scratch")
     show_scratch_bpe()
+    print()
+    print("One algorithm, two implementations (ours and Hugging Face's)")
+    show_comparison(list(generate_stories(COMPARE_STORIES, seed=0)), args.text)
     print()
     print("Production tokenizer (Hugging Face tokenizers)")
     show_production_tokenizer(args.text)
