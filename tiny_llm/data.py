@@ -41,9 +41,9 @@ def hub_reachable(timeout=3.0):
     """False if HF_HUB_OFFLINE is set or huggingface.co:443 does not answer within `timeout` s."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "false", ""):
         return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
+    try:  # a connection that opens is enough: the download itself says what went wrong
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
     except OSError:
         return False
 
@@ -145,10 +145,9 @@ def encode_to_files(tokenizer, pairs, paths, progress=True):
             while batch := list(itertools.islice(stories, BATCH_STORIES)):
                 encodings = encode_batch(batch)  # in Rust, on every core
                 ids = itertools.chain.from_iterable((*e.ids, 0) for e in encodings)  # 0 is EOT
-                ids = np.fromiter(ids, dtype=np.uint16)
-                ids.tofile(files[split])
-                n_bytes = sum(len(story.encode("utf-8")) for story in batch)
-                counts[split].update(stories=len(batch), tokens=len(ids), bytes=n_bytes)
+                (ids := np.fromiter(ids, dtype=np.uint16)).tofile(files[split])
+                counts[split].update(stories=len(batch), tokens=len(ids),
+                                     bytes=sum(len(story.encode("utf-8")) for story in batch))
                 bar.update(len(batch))
     return {split: dict(count) for split, count in counts.items()}
 
@@ -285,13 +284,11 @@ def main():
     parser.add_argument("--source", help="tinystories, sample, or a .txt/.jsonl/.json/.parquet")
     parser.add_argument("--valid", help="a file of validation stories for a PATH source")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help=f"default: {DATA_DIR}")
-    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
-                        help=f"the tokenizer's vocabulary (default {VOCAB_SIZE})")
+    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help=f"default {VOCAB_SIZE}")
     args = parser.parse_args()
     try:
         if args.source is not None or missing_files(args.data_dir):
-            prepare_data(args.source, args.valid, data_dir=args.data_dir,
-                         vocab_size=args.vocab_size)
+            prepare_data(args.source, args.valid, args.data_dir, args.vocab_size)
         else:
             print(f"prepared data found in {args.data_dir} (--source prepares it again)\n")
         show(args.data_dir)

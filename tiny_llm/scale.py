@@ -40,7 +40,8 @@ from tiny_llm.data import ensure_data
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
-from tiny_llm.train import OneProcess, TrainConfig, parse_args, train
+from tiny_llm.processes import OneProcess
+from tiny_llm.train import TrainConfig, parse_args, train
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU
 

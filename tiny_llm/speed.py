@@ -15,13 +15,13 @@ import argparse
 import os
 import platform
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from tiny_llm.device import (  # noqa: F401 (kept_memory: step 10 uses it, step 13 explains it)
+    autocast,
     kept_memory,
     matmul_gflops,
     pick_device,
@@ -87,12 +87,6 @@ def build(config, setting, device, seed=1337):
     return model, forward, optimizer
 
 
-def autocast(setting, device):
-    if setting.dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, setting.dtype))
-
-
 def train_step(forward, optimizer, setting, x, y, device, clock=None):
     """One update; with a `clock` dict, add the seconds of forward, backward and optimizer."""
     marks = [time.perf_counter()]
@@ -102,7 +96,7 @@ def train_step(forward, optimizer, setting, x, y, device, clock=None):
             synchronize(device)
             marks.append(time.perf_counter())
 
-    with autocast(setting, device):
+    with autocast(device, setting.dtype):
         _, loss = forward(x, y)
     mark()
     loss.backward()

@@ -14,7 +14,6 @@ import json
 import math
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -34,11 +33,12 @@ from tiny_llm.checkpoint import (
     stop_on_ctrl_c,
 )
 from tiny_llm.data import ensure_data, get_batch, load_token_array
-from tiny_llm.device import kept_memory, pick_device, seed_everything
+from tiny_llm.device import autocast, kept_memory, pick_device, seed_everything
 from tiny_llm.files import atomic_path
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.gpt import DEFAULT_PRESET
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
+from tiny_llm.processes import ONE_PROCESS
 from tiny_llm.tokenize import tokenizer_sha256
 
 
@@ -92,34 +92,6 @@ def check_config(cfg):
                          f" got {cfg.lr}, {cfg.min_lr}, {cfg.weight_decay}, {cfg.grad_clip}")
 
 
-class OneProcess:
-    """Where step 16 (tiny_llm.scale) plugs in training on several processes, called ranks.
-    On one process every hook does nothing; step 16's DataParallel fills them in."""
-
-    rank, world_size = 0, 1
-
-    def wrap(self, model):  # -> the module to train: DistributedDataParallel or FSDP2's shards
-        return model
-
-    def no_sync(self, model, sync):  # a context: skip the gradient all-reduce unless sync
-        return nullcontext()
-
-    def mean(self, value):  # a float averaged over the ranks
-        return value
-
-    def state_dicts(self, model, optimizer):  # full state dicts, gathered for a checkpoint
-        return model.state_dict(), optimizer.state_dict()
-
-    def unwrap(self, model):  # -> the GPT itself, for its config and for evaluation
-        return model
-
-    def load_optimizer(self, model, optimizer, state):
-        optimizer.load_state_dict(state)
-
-
-ONE_PROCESS = OneProcess()
-
-
 def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps):
     """Learning rate for update number `step` (0-based): linear warmup, then cosine to min_lr.
 
@@ -141,15 +113,6 @@ def param_groups(model, weight_decay):
     params = [p for p in model.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-
-
-def autocast(device, dtype):
-    """A context that runs matmuls in bfloat16 (weights stay float32), or does nothing."""
-    if dtype == "auto":  # bfloat16 pays off on GPUs built for it; on a CPU measure first
-        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else ""
-    if dtype != "bfloat16":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 @torch.no_grad()
@@ -269,6 +232,15 @@ def describe(r):
             f"val {r['val_loss']:.3f}  lr {r['lr']:.2e}")
 
 
+def print_setup(cfg, meta, gpt, device, tokens_per_step, world_size):
+    """The three lines a run starts with: its data, its model, its batch."""
+    print(f"{'data':<12} {meta['source']}, {meta['train']['tokens']:,} train tokens")
+    print(f"{'model':<12} {cfg.preset}, {gpt.num_params():,} parameters, on {device.type}")
+    ranks = f" x {world_size} ranks" if world_size > 1 else ""
+    print(f"{'batch':<12} {cfg.batch_size} x {gpt.config.max_seq_len} tokens x {cfg.grad_accum} "
+          f"accumulated{ranks} = {tokens_per_step:,} tokens per step, dtype {cfg.dtype}")
+
+
 def train(cfg, parallel=ONE_PROCESS):
     """Train (or, with cfg.resume, continue) a GPT; return the last log record plus a summary.
 
@@ -286,13 +258,10 @@ def train(cfg, parallel=ONE_PROCESS):
         cfg = replace(cfg, max_steps=load_checkpoint(ckpt_path)["train_config"]["max_steps"])
     train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
     tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
-    print(f"{'data':<12} {meta['source']}, {meta['train']['tokens']:,} train tokens")
-    print(f"{'model':<12} {cfg.preset}, {gpt.num_params():,} parameters, on {device.type}")
-    ranks = f" x {parallel.world_size} ranks" if parallel.world_size > 1 else ""
-    print(f"{'batch':<12} {cfg.batch_size} x {gpt.config.max_seq_len} tokens x {cfg.grad_accum} "
-          f"accumulated{ranks} = {tokens_per_step:,} tokens per step, dtype {cfg.dtype}")
+    print_setup(cfg, meta, gpt, device, tokens_per_step, parallel.world_size)
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
-    pacing = cfg.time_budget > 0 and step < pace_steps(cfg)  # the step count is still open
+    # the step count is still open: a budget, and a --max-steps (if any) beyond the pace steps
+    pacing = cfg.time_budget > 0 and step < pace_steps(cfg) < (cfg.max_steps or math.inf)
     step_times = []
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
                disable=None if parallel.rank == 0 else True)
