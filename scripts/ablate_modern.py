@@ -1,0 +1,153 @@
+"""Step 15's measurement: from step 08's GPT to the modern model, one change at a time.
+
+Every row keeps the changes above it and adds one:
+
+    gpt            step 08's GPT, the main job's "small" size and recipe
+    +rmsnorm       RMSNorm instead of LayerNorm (learned positions, GELU MLP, biases: as before)
+    +rope          RoPE in every attention instead of the learned position table
+    +swiglu        SwiGLU (d_ff = 344) instead of the 4·d GELU MLP: the same number of weights
+    +no-bias       no bias in any linear layer
+    +gqa           2 key/value heads for the 4 query heads
+    +untied        an output head of its own instead of reusing tok_emb (this is ModernGPT
+                   with tie_embeddings=False; the row above is ModernGPT's "small" preset)
+
+Each row trains for the same budget of CPU seconds (one thread, so a busy machine slows the
+wall clock but not the budget), its learning-rate schedule sized to end when the budget does,
+then scores the whole valid.bin with tiny_llm.evaluate: bits per byte.
+
+    uv run python scripts/ablate_modern.py --data-dir DATA --seconds 120 --seeds 1 2 --out a.jsonl
+    uv run python scripts/ablate_modern.py --report a.jsonl b.jsonl       (the table)
+"""
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from tiny_llm.block import MLP, init_weights
+from tiny_llm.data import load_meta, load_token_array
+from tiny_llm.device import seed_everything
+from tiny_llm.evaluate import bits_per_byte, evaluate_loss
+from tiny_llm.gpt import GPT
+from tiny_llm.gpt import PRESETS as GPT_PRESETS
+from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
+from tiny_llm.train import TrainConfig, lr_at, param_groups, update
+
+ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+gqa", "+untied")
+
+
+def add_biases(model):
+    """Give every linear layer but the output head a bias (zeros): the modern model, biased."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and m.bias is None and name != "output":
+            m.bias = nn.Parameter(torch.zeros(m.out_features))
+    return model
+
+
+def build(row, vocab_size):
+    """The model of one row, freshly initialised (seed it first)."""
+    gpt_config = replace(GPT_PRESETS["small"], vocab_size=vocab_size)
+    modern = replace(PRESETS["small"], vocab_size=vocab_size)
+    if row in ("gpt", "+rmsnorm"):
+        model = GPT(gpt_config)
+        if row == "+rmsnorm":  # RMSNorm's gain starts at 1, as LayerNorm's does: no re-init
+            for block in model.blocks:
+                block.ln_1, block.ln_2 = RMSNorm(modern.d_model), RMSNorm(modern.d_model)
+            model.ln_f = RMSNorm(modern.d_model)
+        return model
+    if row in ("+rope", "+swiglu", "+no-bias"):
+        modern = replace(modern, n_kv_heads=modern.n_heads)  # plain multi-head attention
+    if row == "+untied":
+        modern = replace(modern, tie_embeddings=False)
+    model = ModernGPT(modern)
+    if row == "+rope":  # step 07's GELU MLP, initialised as step 07 does
+        for layer in model.layers:
+            layer.feed_forward = init_weights(MLP(modern.d_model), modern.n_layers)
+    return add_biases(model) if row in ("+rope", "+swiglu") else model
+
+
+def train_for(model, data, seconds, cfg):
+    """Train for `seconds` of this process's CPU time; return (steps, cpu s, wall s, loss)."""
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                                  betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(cfg.seed)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    step, total, warmup, losses = 0, 10**9, 100, []
+    while step < total:
+        used = time.process_time() - cpu0
+        if step in (10, 50) or step % 100 == 0 and step > 0:  # size the schedule to the budget
+            total = max(step + 1, int(step * seconds / used))
+            warmup = min(warmup, max(1, total // 15)) if step == 10 else warmup
+        if used >= seconds:
+            break
+        lr = lr_at(step, cfg.lr, cfg.min_lr, warmup, total)
+        losses.append(update(model, optimizer, data, cfg, torch.device("cpu"), generator, lr,
+                             step))
+        step += 1
+    train_loss = sum(losses[-20:]) / len(losses[-20:])
+    return step, time.process_time() - cpu0, time.perf_counter() - wall0, train_loss
+
+
+def run_row(row, seed, args, meta, train_data, valid_data):
+    """Train and score one row with one seed; returns the record of the table."""
+    seed_everything(seed)
+    model = build(row, meta["vocab_size"])
+    cfg = replace(TrainConfig(), seed=seed, dtype="float32", lr=args.lr, min_lr=args.lr / 10)
+    steps, cpu_s, wall_s, train_loss = train_for(model, train_data, args.seconds, cfg)
+    tokens = steps * cfg.batch_size * model.config.max_seq_len
+    scored = evaluate_loss(model, valid_data)
+    bpb = bits_per_byte(scored["loss"], meta["valid"]["tokens"], meta["valid"]["bytes"])
+    return {"row": row, "seed": seed, "params": model.num_params(), "steps": steps,
+            "tokens": tokens, "cpu_s": round(cpu_s, 1), "wall_s": round(wall_s, 1),
+            "tokens_per_cpu_s": round(tokens / cpu_s), "train_loss": round(train_loss, 4),
+            "val_loss": round(scored["loss"], 4), "val_bpb": round(bpb, 4), "lr": args.lr}
+
+
+def report(paths):
+    """Print one line per row: params, steps, tokens/s, val bits per byte per seed and mean."""
+    records = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines()]
+    print(f"{'row':<10} {'params':>10} {'steps':>11} {'tok/cpu-s':>10} {'val bpb, each seed':>20}"
+          f" {'mean':>7}")
+    for row in ROWS:
+        runs = sorted((r for r in records if r["row"] == row), key=lambda r: r["seed"])
+        if not runs:
+            continue
+        bpb = [r["val_bpb"] for r in runs]
+        steps = "/".join(str(r["steps"]) for r in runs)
+        speed = statistics.mean(r["tokens_per_cpu_s"] for r in runs)
+        print(f"{row:<10} {runs[0]['params']:>10,} {steps:>11} {speed:>10,.0f} "
+              f"{' '.join(f'{b:.4f}' for b in bpb):>20} {statistics.mean(bpb):>7.4f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", default="data", help="prepared data (tiny_llm.data)")
+    parser.add_argument("--seconds", type=float, default=120.0, help="CPU seconds per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--lr", type=float, default=TrainConfig.lr)
+    parser.add_argument("--out", default="ablation.jsonl", help="one JSON line per run, appended")
+    parser.add_argument("--report", nargs="+", metavar="JSONL", help="print the table and stop")
+    args = parser.parse_args()
+    if args.report:
+        return report(args.report)
+    torch.set_num_threads(1)  # the budget is CPU time: one thread makes it a fair clock
+    data_dir = Path(args.data_dir)
+    meta = load_meta(data_dir)
+    train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
+    for seed in args.seeds:
+        for row in args.rows:
+            record = run_row(row, seed, args, meta, train_data, valid_data)
+            print(json.dumps(record), flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(record) + "\n")
+    report([args.out])
+
+
+if __name__ == "__main__":
+    main()

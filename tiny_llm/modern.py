@@ -1,0 +1,371 @@
+"""Step 15: the modern model, LLaMA style.
+
+Step 08's GPT is GPT-2's recipe (2019). The open models since (LLaMA, Mistral, Qwen) keep the
+same skeleton, a stack of pre-norm blocks on a residual stream, and change five parts:
+
+- RMSNorm instead of LayerNorm: scale by the root mean square, no mean, no bias;
+- RoPE instead of a learned position table: queries and keys are rotated in every layer;
+- SwiGLU instead of the GELU MLP: a gated feed-forward of three matrices, 8/3·d_model wide;
+- no biases in any linear layer;
+- grouped-query attention: n_kv_heads < n_heads, each key/value head serves a group of query
+  heads, so the KV cache of step 12 shrinks by n_heads / n_kv_heads.
+
+The names are those of Meta's LLaMA code (tok_emb, layers[i].attention.wq, feed_forward.w1, ...),
+so a LLaMA checkpoint's weights map onto this model one to one (see `from_llama_state_dict`).
+
+Run the check:  uv run python -m tiny_llm.modern
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tiny_llm import posenc
+from tiny_llm.block import LayerNorm, init_weights
+from tiny_llm.device import seed_everything
+from tiny_llm.gpt import GPT
+from tiny_llm.gpt import PRESETS as GPT_PRESETS
+from tiny_llm.tokenize import VOCAB_SIZE
+
+
+def attend(q, k, v, dropout_p=0.0):
+    """Causal attention with grouped keys: q (B, H, Tq, hs), k, v (B, Hkv, Tk, hs) -> (B, H, Tq, hs).
+
+    Each key/value head serves H // Hkv query heads. Tq == Tk is causal; Tq == 1 (a decode
+    step with a cache) sees every key.
+    """
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    causal = q.shape[2] > 1
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
+
+
+class RMSNorm(nn.Module):
+    """x / RMS(x) · weight, RMS(x) = √(mean(x²) + eps) over the last dim; (..., d) -> (..., d).
+
+    LayerNorm without the two parts that turn out not to matter: subtracting the mean and
+    adding a bias. [3., 4.] -> [3, 4] / √12.5 = [0.8485, 1.1314] (with weight 1, eps 0).
+    """
+
+    def __init__(self, d_model, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))  # the gain; no bias
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward: w2(silu(w1(x)) · w3(x)); (B, T, d_model) -> (B, T, d_model).
+
+    w1 (the gate) decides, per hidden unit, how much of w3's value (the up projection) passes;
+    w2 brings the result back down. Three matrices of d_model x d_ff: d_ff = 8/3·d_model has
+    the 8·d_model² weights of step 07's two-matrix GELU MLP of width 4·d_model.
+    """
+
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)  # gate
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)  # up
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)  # down
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def swiglu_size(d_model, multiple_of=8):
+    """The SwiGLU width with a 4·d GELU MLP's weights, rounded up: 128 -> 344, 384 -> 1024."""
+    return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
+
+
+def rotate_pairs(x, sin, cos):
+    """Turn each pair (x[2i], x[2i+1]) of the last dim by the angle whose sin and cos are given.
+
+    x (..., T, hs); sin, cos (T, hs/2). The same arithmetic as step 14's RotaryEmbedding.
+    """
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]
+    turned = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+    return turned.flatten(-2)
+
+
+class RotaryEmbedding(posenc.RotaryEmbedding):
+    """Step 14's RoPE with a base `theta` (θ_i = theta^(-2i/hs)) and a first position `start`.
+
+    (B, heads, T, head_size) in, same out. `start` is where the T positions begin: 0 for a
+    whole sequence, cache.length for new tokens after a KV cache's prefix.
+    """
+
+    def __init__(self, head_size, max_seq_len, theta=10000.0):
+        super().__init__(head_size, max_seq_len)  # step 14's tables are for theta = 10000
+        inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
+        angle = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+        self.sin, self.cos = angle.sin().float(), angle.cos().float()  # replace the buffers
+        self.theta = theta
+
+    def forward(self, x, start=0):
+        T = x.shape[-2]
+        if start + T > self.max_len:
+            raise ValueError(f"positions {start}..{start + T - 1} exceed max_seq_len="
+                             f"{self.max_len}: keep the last {self.max_len} tokens")
+        return rotate_pairs(x, self.sin[start : start + T], self.cos[start : start + T])
+
+
+@dataclass
+class ModernConfig:
+    """The size and shape of a ModernGPT. Every field is checked when the config is made."""
+
+    vocab_size: int = VOCAB_SIZE
+    max_seq_len: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4  # query heads; head size = d_model // n_heads
+    n_kv_heads: int = 2  # key/value heads; each serves n_heads // n_kv_heads query heads
+    d_ff: int = 344  # SwiGLU width, swiglu_size(d_model)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True  # the output head reuses tok_emb, as step 08 does
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads",
+                     "n_kv_heads", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ModernConfig.{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} "
+                             "heads of an even size (RoPE turns pairs of dimensions)")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads="
+                             f"{self.n_kv_heads}: every key/value head serves a whole group")
+        if not (self.rope_theta > 0 and self.norm_eps > 0):
+            raise ValueError(f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, "
+                             f"{self.norm_eps}")
+
+
+def modern_preset(gpt_config, n_kv_heads):
+    """The ModernConfig sized like one of step 08's presets, SwiGLU at equal MLP weights."""
+    c = gpt_config
+    return ModernConfig(vocab_size=c.vocab_size, max_seq_len=c.max_seq_len, d_model=c.d_model,
+                        n_layers=c.n_layers, n_heads=c.n_heads, n_kv_heads=n_kv_heads,
+                        d_ff=swiglu_size(c.d_model))
+
+
+# Step 08's sizes; "tiny" for tests, "small" for the main job on a CPU, "gpu" for one GPU.
+PRESETS = {name: modern_preset(GPT_PRESETS[name], kv)
+           for name, kv in (("tiny", 1), ("small", 2), ("medium", 2), ("gpu", 4))}
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with RoPE and no biases: (B, T, d_model) -> (B, T, d_model)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = c.n_heads, c.n_kv_heads
+        self.head_size = hs = c.d_model // c.n_heads
+        self.wq = nn.Linear(c.d_model, c.n_heads * hs, bias=False)
+        self.wk = nn.Linear(c.d_model, c.n_kv_heads * hs, bias=False)  # fewer heads for k, v
+        self.wv = nn.Linear(c.d_model, c.n_kv_heads * hs, bias=False)
+        self.wo = nn.Linear(c.n_heads * hs, c.d_model, bias=False)
+        self.rope = RotaryEmbedding(hs, c.max_seq_len, c.rope_theta)
+
+    def forward(self, x, cache=None, layer=0):
+        B, T, C = x.shape
+        start = 0 if cache is None else cache.length
+        # (B, T, heads·hs) -> (B, heads, T, hs), as in step 06
+        q = self.wq(x).view(B, T, self.n_heads, self.head_size).transpose(1, 2)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_size).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_size).transpose(1, 2)
+        q, k = self.rope(q, start), self.rope(k, start)  # v carries content: not turned
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # (B, n_kv_heads, start + T, hs)
+        y = attend(q, k, v)  # (B, n_heads, T, hs)
+        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block, as in step 07: (B, T, d_model) -> (B, T, d_model)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.attention_norm = RMSNorm(c.d_model, c.norm_eps)
+        self.attention = Attention(c)
+        self.ffn_norm = RMSNorm(c.d_model, c.norm_eps)
+        self.feed_forward = SwiGLU(c.d_model, c.d_ff)
+
+    def forward(self, x, cache=None, layer=0):
+        x = x + self.attention(self.attention_norm(x), cache, layer)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class ModernGPT(nn.Module):
+    """A LLaMA-style decoder: (B, T) token ids -> (B, T, vocab_size) next-token logits."""
+
+    presets = PRESETS
+
+    def __init__(self, config):
+        super().__init__()
+        if not isinstance(config, ModernConfig):
+            raise TypeError(f"ModernGPT expects a ModernConfig, got {type(config).__name__}: "
+                            "use ModernGPT(ModernConfig(...)) or ModernGPT(PRESETS['small'])")
+        self.config = c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)  # no position table: RoPE instead
+        self.layers = nn.ModuleList([TransformerBlock(c) for _ in range(c.n_layers)])
+        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.output.weight = self.tok_emb.weight
+        init_weights(self, c.n_layers)  # step 07: every matrix N(0, 0.02²) ...
+        for name, p in self.named_parameters():  # ... and the residual outputs smaller
+            if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
+
+    def forward(self, idx, targets=None, cache=None):
+        """(B, T) int ids -> (logits (B, T, vocab_size), loss or None), as step 08's GPT.
+
+        With a KV cache the ids sit at positions cache.length .. cache.length + T - 1.
+        """
+        start = 0 if cache is None else cache.length
+        self._check_ids(idx, start)
+        x = self.tok_emb(idx)  # (B, T, C)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cache, i)
+        if cache is not None:
+            cache.length += idx.shape[1]
+        logits = self.output(self.norm(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+    def num_params(self, non_embedding=False):
+        """Count parameters (a tied matrix once); non_embedding leaves out tok_emb (and the
+        untied output head, the same size)."""
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            total -= sum({id(p): p.numel() for p in (self.tok_emb.weight,
+                                                      self.output.weight)}.values())
+        return total
+
+    def _check_ids(self, idx, start):
+        if not torch.is_tensor(idx) or idx.is_floating_point() or idx.dim() != 2:
+            what = f"{idx.dtype} {tuple(idx.shape)}" if torch.is_tensor(idx) else type(idx)
+            raise ValueError(f"ModernGPT expects (B, T) integer token ids, got {what}")
+        if start + idx.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"positions {start}..{start + idx.shape[1] - 1} exceed max_seq_len="
+                             f"{self.config.max_seq_len}: keep the last tokens only")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading LLaMA-layout weights (Hugging Face's LlamaForCausalLM names) into a ModernGPT
+
+LLAMA_NAMES = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
+               "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
+               "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
+               "feed_forward.w2": "mlp.down_proj", "attention_norm": "input_layernorm",
+               "ffn_norm": "post_attention_layernorm"}  # ours -> theirs, inside layers[i]
+
+
+def pairs_to_halves(w, n_heads):
+    """Reorder a wq/wk weight's rows, per head, from RoPE on adjacent pairs (ours, Meta's) to
+    RoPE on halves (Hugging Face's): rows 0, 1, 2, 3, 4, 5 of a head -> 0, 2, 4, 1, 3, 5."""
+    rows, cols = w.shape
+    return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def halves_to_pairs(w, n_heads):
+    """The inverse of pairs_to_halves: rows 0, 1, 2, 3, 4, 5 of a head -> 0, 3, 1, 4, 2, 5."""
+    rows, cols = w.shape
+    return w.view(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def from_llama_state_dict(state, config):
+    """A LlamaForCausalLM state dict -> a ModernGPT state dict for `config` (new names, and
+    the wq/wk rows reordered so that our adjacent-pair RoPE computes what their halves did)."""
+    emb = state["model.embed_tokens.weight"]
+    ours = {"tok_emb.weight": emb, "norm.weight": state["model.norm.weight"],
+            "output.weight": state.get("lm_head.weight", emb)}
+    heads = {"attention.wq": config.n_heads, "attention.wk": config.n_kv_heads}
+    for i in range(config.n_layers):
+        for mine, theirs in LLAMA_NAMES.items():
+            w = state[f"model.layers.{i}.{theirs}.weight"]
+            ours[f"layers.{i}.{mine}.weight"] = halves_to_pairs(w, heads[mine]) if (
+                mine in heads) else w
+    return ours
+
+
+def llama_config_kwargs(config):
+    """The transformers.LlamaConfig(**kwargs) that describes the same model as `config`."""
+    c = config
+    return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+                num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+                num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.max_seq_len,
+                rope_theta=c.rope_theta, rms_norm_eps=c.norm_eps, hidden_act="silu",
+                tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The check
+
+
+def kv_bytes_per_token(config, bytes_per_number=4):
+    """Keys and values one token leaves in a KV cache: 2 · n_layers · kv heads · head size."""
+    kv_heads = getattr(config, "n_kv_heads", config.n_heads)
+    return 2 * config.n_layers * kv_heads * (config.d_model // config.n_heads) * bytes_per_number
+
+
+def count(model, prefixes):
+    """Parameters whose names start with one of `prefixes` (a shared tensor counts once)."""
+    return sum(p.numel() for n, p in model.named_parameters() if n.startswith(prefixes))
+
+
+def compare_table(gpt, modern, preset):
+    """Print GPT and ModernGPT side by side: parameters by part, initial loss, KV cache."""
+    rows = [("token embedding", "embed.tok_emb", "tok_emb"), ("position table", "embed.pos_emb", ()),
+            ("attention, per layer", "blocks.0.attn.", "layers.0.attention."),
+            ("MLP, per layer", "blocks.0.mlp.", "layers.0.feed_forward."),
+            ("norms, per layer", "blocks.0.ln_", ("layers.0.attention_", "layers.0.ffn_"))]
+    print(f"{'':<26} {'GPT ' + preset:>14} {'ModernGPT ' + preset:>18}")
+    print(f"{'parameters':<26} {gpt.num_params():>14,} {modern.num_params():>18,}")
+    for label, a, b in rows:
+        print(f"{'  ' + label:<26} {count(gpt, a):>14,} {count(modern, b):>18,}")
+    biases = [sum(p.numel() for n, p in m.named_parameters() if n.endswith("bias"))
+              for m in (gpt, modern)]
+    print(f"{'  biases, all layers':<26} {biases[0]:>14,} {biases[1]:>18,}")
+    idx = torch.randint(0, gpt.config.vocab_size, (4, gpt.config.max_seq_len))
+    losses = [m(idx, idx)[1].item() for m in (gpt, modern)]
+    print(f"{'initial loss':<26} {losses[0]:>14.3f} {losses[1]:>18.3f}")
+    heads = [gpt.config.n_heads, modern.config.n_kv_heads]
+    print(f"{'k/v heads per layer':<26} {heads[0]:>14} {heads[1]:>18}")
+    kv = [kv_bytes_per_token(m.config) for m in (gpt, modern)]
+    print(f"{'KV cache bytes per token':<26} {kv[0]:>14,} {kv[1]:>18,}")
+
+
+def main():
+    seed_everything(1337)
+    gpt, modern = GPT(GPT_PRESETS["small"]).eval(), ModernGPT(PRESETS["small"]).eval()
+    with torch.no_grad():
+        compare_table(gpt, modern, "small")
+        x = torch.randn(4, 16, 128) * 3 + 1
+        norm = RMSNorm(128)
+        rms_error = (norm(x) - F.rms_norm(x, (128,), norm.weight, eps=1e-5)).abs().max().item()
+        ln = LayerNorm(128)(x)
+    print()
+    print(f"{'max |RMSNorm - F.rms_norm|':<30} {rms_error:.1e}")
+    print(f"{'LayerNorm out mean, std':<30} {ln.mean().item():+.3f}, {ln.std().item():.3f}")
+    print(f"{'RMSNorm out mean, rms':<30} {norm(x).mean().item():+.3f}, "
+          f"{norm(x).pow(2).mean().sqrt().item():.3f}")
+    c = PRESETS["gpu"]
+    mha, gqa = kv_bytes_per_token(GPT_PRESETS["gpu"]), kv_bytes_per_token(c)
+    print(f"{'gpu preset, KV bytes/token':<30} MHA {mha:,}, GQA ({c.n_kv_heads} of {c.n_heads} "
+          f"heads) {gqa:,}: {mha // gqa}x smaller")
+    print(f"{'  at max_seq_len ' + str(c.max_seq_len):<30} MHA {mha * c.max_seq_len:,} B, "
+          f"GQA {gqa * c.max_seq_len:,} B per sequence")
+    print(f"{'config small':<30} " + " ".join(f"{k}={v}" for k, v in asdict(PRESETS['small']).items()))
+    print(f"{'ablation':<30} uv run python scripts/ablate_modern.py   (steps/15-modern.md)")
+
+
+if __name__ == "__main__":
+    main()
