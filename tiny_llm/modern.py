@@ -1,23 +1,19 @@
 """Step 15: the modern model, LLaMA style.
 
-Step 08's GPT is GPT-2's recipe (2019). The open models since (LLaMA, Mistral, Qwen) keep the
-same skeleton, a stack of pre-norm blocks on a residual stream, and change five parts:
+The open models since GPT-2 (LLaMA, Mistral, Qwen) keep step 08's skeleton, pre-norm blocks on
+a residual stream, and change five parts: RMSNorm instead of LayerNorm (no mean, no bias); RoPE
+in every attention instead of a learned position table; a gated SwiGLU feed-forward instead of
+the GELU MLP; no biases; and grouped-query attention (n_kv_heads < n_heads: each key/value head
+serves a group of query heads, so step 12's KV cache shrinks by n_heads / n_kv_heads).
 
-- RMSNorm instead of LayerNorm: scale by the root mean square, no mean, no bias;
-- RoPE instead of a learned position table: queries and keys are rotated in every layer;
-- SwiGLU instead of the GELU MLP: a gated feed-forward of three matrices, 8/3·d_model wide;
-- no biases in any linear layer;
-- grouped-query attention: n_kv_heads < n_heads, each key/value head serves a group of query
-  heads, so the KV cache of step 12 shrinks by n_heads / n_kv_heads.
-
-The names are those of Meta's LLaMA code (tok_emb, layers[i].attention.wq, feed_forward.w1, ...),
-so a LLaMA checkpoint's weights map onto this model one to one (see `from_llama_state_dict`).
+The parameter names are those of Meta's LLaMA code (tok_emb, layers[i].attention.wq,
+layers[i].feed_forward.w1, ...), so LLaMA-layout weights load one to one.
 
 Run the check:  uv run python -m tiny_llm.modern
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -135,28 +131,26 @@ class ModernConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ModernConfig.{name} must be a positive int, got {value!r}")
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} "
-                             "heads of an even size (RoPE turns pairs of dimensions)")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads="
-                             f"{self.n_kv_heads}: every key/value head serves a whole group")
+        if self.d_model % (2 * self.n_heads) or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"need d_model={self.d_model} to split into n_heads={self.n_heads}"
+                             " heads of an even size (RoPE turns pairs), and n_heads to be a "
+                             f"multiple of n_kv_heads={self.n_kv_heads} (whole groups)")
         if not (self.rope_theta > 0 and self.norm_eps > 0):
             raise ValueError(f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, "
                              f"{self.norm_eps}")
 
 
-def modern_preset(gpt_config, n_kv_heads):
-    """The ModernConfig sized like one of step 08's presets, SwiGLU at equal MLP weights."""
-    c = gpt_config
-    return ModernConfig(vocab_size=c.vocab_size, max_seq_len=c.max_seq_len, d_model=c.d_model,
-                        n_layers=c.n_layers, n_heads=c.n_heads, n_kv_heads=n_kv_heads,
-                        d_ff=swiglu_size(c.d_model))
-
-
-# Step 08's sizes; "tiny" for tests, "small" for the main job on a CPU, "gpu" for one GPU.
-PRESETS = {name: modern_preset(GPT_PRESETS[name], kv)
-           for name, kv in (("tiny", 1), ("small", 2), ("medium", 2), ("gpu", 4))}
+# Step 08's sizes with SwiGLU at equal MLP weights (d_ff = swiglu_size(d_model)) and half the
+# k/v heads: "tiny" for tests, "small" for the main job on a CPU, "gpu" for one data-centre GPU.
+PRESETS = {
+    "tiny": ModernConfig(max_seq_len=64, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=176),
+    "small": ModernConfig(max_seq_len=256, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
+                          d_ff=344),
+    "medium": ModernConfig(max_seq_len=256, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2,
+                           d_ff=1024),
+    "gpu": ModernConfig(max_seq_len=512, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4,
+                        d_ff=1368),
+}
 
 
 class Attention(nn.Module):
@@ -241,12 +235,10 @@ class ModernGPT(nn.Module):
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
 
     def num_params(self, non_embedding=False):
-        """Count parameters (a tied matrix once); non_embedding leaves out tok_emb (and the
-        untied output head, the same size)."""
+        """Count parameters, a tied matrix once; non_embedding leaves out tok_emb and output."""
         total = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            total -= sum({id(p): p.numel() for p in (self.tok_emb.weight,
-                                                      self.output.weight)}.values())
+            total -= self.tok_emb.weight.numel() * (1 if self.config.tie_embeddings else 2)
         return total
 
     def _check_ids(self, idx, start):
@@ -259,51 +251,23 @@ class ModernGPT(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading LLaMA-layout weights (Hugging Face's LlamaForCausalLM names) into a ModernGPT
-
-LLAMA_NAMES = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
-               "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
-               "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
-               "feed_forward.w2": "mlp.down_proj", "attention_norm": "input_layernorm",
-               "ffn_norm": "post_attention_layernorm"}  # ours -> theirs, inside layers[i]
+# RoPE's two layouts. Meta's LLaMA code, like ours, turns adjacent pairs (0, 1), (2, 3), ...;
+# Hugging Face's LlamaForCausalLM turns (i, i + head_size/2), the two halves of a head. Reordering
+# the rows of wq and wk per head turns one into the other (tests/test_modern.py loads a
+# LlamaForCausalLM's weights this way and gets its logits).
 
 
 def pairs_to_halves(w, n_heads):
-    """Reorder a wq/wk weight's rows, per head, from RoPE on adjacent pairs (ours, Meta's) to
-    RoPE on halves (Hugging Face's): rows 0, 1, 2, 3, 4, 5 of a head -> 0, 2, 4, 1, 3, 5."""
+    """Reorder a wq/wk weight's rows, per head, from adjacent pairs (ours) to halves (Hugging
+    Face's): a head's rows 0, 1, 2, 3, 4, 5 -> 0, 2, 4, 1, 3, 5."""
     rows, cols = w.shape
     return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
 def halves_to_pairs(w, n_heads):
-    """The inverse of pairs_to_halves: rows 0, 1, 2, 3, 4, 5 of a head -> 0, 3, 1, 4, 2, 5."""
+    """The inverse of pairs_to_halves: a head's rows 0, 1, 2, 3, 4, 5 -> 0, 3, 1, 4, 2, 5."""
     rows, cols = w.shape
     return w.view(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
-
-
-def from_llama_state_dict(state, config):
-    """A LlamaForCausalLM state dict -> a ModernGPT state dict for `config` (new names, and
-    the wq/wk rows reordered so that our adjacent-pair RoPE computes what their halves did)."""
-    emb = state["model.embed_tokens.weight"]
-    ours = {"tok_emb.weight": emb, "norm.weight": state["model.norm.weight"],
-            "output.weight": state.get("lm_head.weight", emb)}
-    heads = {"attention.wq": config.n_heads, "attention.wk": config.n_kv_heads}
-    for i in range(config.n_layers):
-        for mine, theirs in LLAMA_NAMES.items():
-            w = state[f"model.layers.{i}.{theirs}.weight"]
-            ours[f"layers.{i}.{mine}.weight"] = halves_to_pairs(w, heads[mine]) if (
-                mine in heads) else w
-    return ours
-
-
-def llama_config_kwargs(config):
-    """The transformers.LlamaConfig(**kwargs) that describes the same model as `config`."""
-    c = config
-    return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
-                num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-                num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.max_seq_len,
-                rope_theta=c.rope_theta, rms_norm_eps=c.norm_eps, hidden_act="silu",
-                tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,55 +280,52 @@ def kv_bytes_per_token(config, bytes_per_number=4):
     return 2 * config.n_layers * kv_heads * (config.d_model // config.n_heads) * bytes_per_number
 
 
-def count(model, prefixes):
-    """Parameters whose names start with one of `prefixes` (a shared tensor counts once)."""
-    return sum(p.numel() for n, p in model.named_parameters() if n.startswith(prefixes))
+def compare(gpt, modern):
+    """Print step 08's GPT and ModernGPT side by side: parameters by part, loss, KV cache."""
+    def count(model, prefixes):  # parameters whose names start with one of prefixes
+        return sum(p.numel() for n, p in model.named_parameters() if n.startswith(prefixes))
 
-
-def compare_table(gpt, modern, preset):
-    """Print GPT and ModernGPT side by side: parameters by part, initial loss, KV cache."""
-    rows = [("token embedding", "embed.tok_emb", "tok_emb"), ("position table", "embed.pos_emb", ()),
-            ("attention, per layer", "blocks.0.attn.", "layers.0.attention."),
-            ("MLP, per layer", "blocks.0.mlp.", "layers.0.feed_forward."),
-            ("norms, per layer", "blocks.0.ln_", ("layers.0.attention_", "layers.0.ffn_"))]
-    print(f"{'':<26} {'GPT ' + preset:>14} {'ModernGPT ' + preset:>18}")
-    print(f"{'parameters':<26} {gpt.num_params():>14,} {modern.num_params():>18,}")
-    for label, a, b in rows:
-        print(f"{'  ' + label:<26} {count(gpt, a):>14,} {count(modern, b):>18,}")
-    biases = [sum(p.numel() for n, p in m.named_parameters() if n.endswith("bias"))
-              for m in (gpt, modern)]
-    print(f"{'  biases, all layers':<26} {biases[0]:>14,} {biases[1]:>18,}")
-    idx = torch.randint(0, gpt.config.vocab_size, (4, gpt.config.max_seq_len))
-    losses = [m(idx, idx)[1].item() for m in (gpt, modern)]
-    print(f"{'initial loss':<26} {losses[0]:>14.3f} {losses[1]:>18.3f}")
-    heads = [gpt.config.n_heads, modern.config.n_kv_heads]
-    print(f"{'k/v heads per layer':<26} {heads[0]:>14} {heads[1]:>18}")
-    kv = [kv_bytes_per_token(m.config) for m in (gpt, modern)]
-    print(f"{'KV cache bytes per token':<26} {kv[0]:>14,} {kv[1]:>18,}")
+    idx, targets = torch.randint(0, gpt.config.vocab_size, (2, 4, gpt.config.max_seq_len))
+    rows = {"parameters": (gpt.num_params(), modern.num_params()),
+            "  token embedding": (count(gpt, "embed.tok_emb"), count(modern, "tok_emb")),
+            "  position table": (count(gpt, "embed.pos_emb"), 0),
+            "  attention, per layer": (count(gpt, "blocks.0.attn."),
+                                       count(modern, "layers.0.attention.")),
+            "  MLP, per layer": (count(gpt, "blocks.0.mlp."), count(modern, "layers.0.feed_")),
+            "  norms, per layer": (count(gpt, "blocks.0.ln_"),
+                                   count(modern, ("layers.0.attention_", "layers.0.ffn_"))),
+            "  biases, all layers": tuple(sum(p.numel() for n, p in m.named_parameters()
+                                              if n.endswith("bias")) for m in (gpt, modern)),
+            "k/v heads per layer": (gpt.config.n_heads, modern.config.n_kv_heads),
+            "KV cache bytes per token": (kv_bytes_per_token(gpt.config),
+                                         kv_bytes_per_token(modern.config))}
+    print(f"{'':<26} {'GPT small':>12} {'ModernGPT small':>16}")
+    for label, (a, b) in rows.items():
+        print(f"{label:<26} {a:>12,} {b:>16,}")
+    a, b = (m(idx, targets)[1].item() for m in (gpt, modern))
+    print(f"{'initial loss':<26} {a:>12.3f} {b:>16.3f}   ln(vocab_size) = "
+          f"{math.log(gpt.config.vocab_size):.3f}")
 
 
 def main():
     seed_everything(1337)
-    gpt, modern = GPT(GPT_PRESETS["small"]).eval(), ModernGPT(PRESETS["small"]).eval()
     with torch.no_grad():
-        compare_table(gpt, modern, "small")
-        x = torch.randn(4, 16, 128) * 3 + 1
-        norm = RMSNorm(128)
-        rms_error = (norm(x) - F.rms_norm(x, (128,), norm.weight, eps=1e-5)).abs().max().item()
-        ln = LayerNorm(128)(x)
+        compare(GPT(GPT_PRESETS["small"]).eval(), ModernGPT(PRESETS["small"]).eval())
+        x = torch.randn(4, 16, 128) * 3 + 1  # far from mean 0, rms 1 on purpose
+        rms, ln = RMSNorm(128)(x), LayerNorm(128)(x)
+        error = (rms - F.rms_norm(x, (128,), eps=1e-5)).abs().max().item()
     print()
-    print(f"{'max |RMSNorm - F.rms_norm|':<30} {rms_error:.1e}")
-    print(f"{'LayerNorm out mean, std':<30} {ln.mean().item():+.3f}, {ln.std().item():.3f}")
-    print(f"{'RMSNorm out mean, rms':<30} {norm(x).mean().item():+.3f}, "
-          f"{norm(x).pow(2).mean().sqrt().item():.3f}")
+    print(f"{'max |RMSNorm - F.rms_norm|':<30} {error:.1e}")
+    print(f"{'LayerNorm out: mean, rms':<30} {ln.mean().item():+.3f}, "
+          f"{ln.pow(2).mean().sqrt().item():.3f}")
+    print(f"{'RMSNorm out: mean, rms':<30} {rms.mean().item():+.3f}, "
+          f"{rms.pow(2).mean().sqrt().item():.3f}")
     c = PRESETS["gpu"]
     mha, gqa = kv_bytes_per_token(GPT_PRESETS["gpu"]), kv_bytes_per_token(c)
-    print(f"{'gpu preset, KV bytes/token':<30} MHA {mha:,}, GQA ({c.n_kv_heads} of {c.n_heads} "
-          f"heads) {gqa:,}: {mha // gqa}x smaller")
-    print(f"{'  at max_seq_len ' + str(c.max_seq_len):<30} MHA {mha * c.max_seq_len:,} B, "
-          f"GQA {gqa * c.max_seq_len:,} B per sequence")
-    print(f"{'config small':<30} " + " ".join(f"{k}={v}" for k, v in asdict(PRESETS['small']).items()))
-    print(f"{'ablation':<30} uv run python scripts/ablate_modern.py   (steps/15-modern.md)")
+    print(f"{'gpu preset, KV cache':<30} {mha:,} bytes per token with {c.n_heads} k/v heads, "
+          f"{gqa:,} with {c.n_kv_heads}: {mha * c.max_seq_len / 2**20:.0f} MiB vs "
+          f"{gqa * c.max_seq_len / 2**20:.0f} MiB per sequence of {c.max_seq_len}")
+    print(f"{'the ablation':<30} uv run python scripts/ablate_modern.py (steps/15-modern.md)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,342 @@
+import importlib.util
+import math
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tiny_llm.block import MLP
+from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.modern import (
+    PRESETS,
+    Attention,
+    ModernConfig,
+    ModernGPT,
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLU,
+    halves_to_pairs,
+    kv_bytes_per_token,
+    pairs_to_halves,
+    swiglu_size,
+)
+from tiny_llm.posenc import RotaryEmbedding as Step14Rotary
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the reference models are built, never downloaded
+
+TINY = ModernConfig(vocab_size=64, max_seq_len=16, d_model=32, n_layers=2, n_heads=4,
+                    n_kv_heads=2, d_ff=88)
+
+
+# --- the parts ---------------------------------------------------------------------------------
+
+
+def test_rmsnorm_divides_by_the_root_mean_square():
+    out = RMSNorm(2, eps=0.0)(torch.tensor([3.0, 4.0]))
+    torch.testing.assert_close(out, torch.tensor([3.0, 4.0]) / math.sqrt(12.5))
+
+
+def test_rmsnorm_equals_torch_rms_norm_and_ignores_the_scale_of_its_input():
+    torch.manual_seed(0)
+    norm, x = RMSNorm(16), torch.randn(2, 5, 16) * 3 + 1
+    with torch.no_grad():
+        norm.weight.normal_()
+    torch.testing.assert_close(norm(x), F.rms_norm(x, (16,), norm.weight, eps=1e-5))
+    torch.testing.assert_close(norm(10 * x), norm(x), atol=1e-5, rtol=1e-5)
+    assert [n for n, _ in norm.named_parameters()] == ["weight"]  # no bias
+
+
+def test_swiglu_is_w2_of_silu_w1_times_w3_without_biases():
+    torch.manual_seed(0)
+    ff, x = SwiGLU(8, 24), torch.randn(3, 8)
+    expected = ff.w2(F.silu(ff.w1(x)) * ff.w3(x))
+    torch.testing.assert_close(ff(x), expected)
+    assert all(m.bias is None for m in (ff.w1, ff.w2, ff.w3))
+
+
+@pytest.mark.parametrize("d_model", [64, 128, 384, 512])
+def test_swiglu_at_eight_thirds_width_has_the_weights_of_a_4d_gelu_mlp(d_model):
+    swiglu = sum(p.numel() for p in SwiGLU(d_model, swiglu_size(d_model)).parameters())
+    gelu = sum(p.numel() for p in MLP(d_model).parameters())  # 8·d² weights + 5·d biases
+    assert swiglu_size(d_model) % 8 == 0
+    assert abs(swiglu - gelu) / gelu < 0.025  # d_ff rounded up to a multiple of 8
+
+
+def test_rope_at_theta_10000_is_step_14s_and_theta_changes_the_angles():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 10, 8)
+    torch.testing.assert_close(RotaryEmbedding(8, 10)(x), Step14Rotary(8, 10)(x))
+    assert not torch.allclose(RotaryEmbedding(8, 10, theta=100.0)(x), Step14Rotary(8, 10)(x))
+    slow = RotaryEmbedding(8, 10, theta=500000.0)  # LLaMA 3's base: the last pair barely turns
+    assert slow.cos[9, -1].item() > RotaryEmbedding(8, 10).cos[9, -1].item()
+
+
+def test_rope_start_rotates_new_positions_as_if_the_prefix_were_there():
+    torch.manual_seed(0)
+    rope, x = RotaryEmbedding(8, 10), torch.randn(1, 2, 10, 8)
+    torch.testing.assert_close(rope(x[:, :, 6:9], start=6), rope(x)[:, :, 6:9])
+    with pytest.raises(ValueError, match="exceed max_seq_len=10"):
+        rope(x[:, :, :3], start=8)
+
+
+def test_pairs_and_halves_reorder_rows_and_undo_each_other():
+    w = torch.arange(12.0).view(12, 1)  # 2 heads of size 6, one column
+    assert pairs_to_halves(w, 2).flatten().tolist() == [0, 2, 4, 1, 3, 5, 6, 8, 10, 7, 9, 11]
+    torch.testing.assert_close(halves_to_pairs(pairs_to_halves(w, 2), 2), w)
+
+
+def test_config_rejects_shapes_that_cannot_work():
+    with pytest.raises(ValueError, match="n_kv_heads=3"):
+        replace(TINY, n_kv_heads=3)
+    with pytest.raises(ValueError, match="even size"):
+        replace(TINY, d_model=36, n_heads=12, n_kv_heads=12)  # heads of 3: no pairs to turn
+    with pytest.raises(ValueError, match="ModernConfig.d_ff"):
+        replace(TINY, d_ff=0)
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+def test_parameter_names_are_llamas():
+    names = {n for n, _ in ModernGPT(replace(TINY, tie_embeddings=False)).named_parameters()}
+    layer = {"attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1",
+             "feed_forward.w2", "feed_forward.w3", "attention_norm", "ffn_norm"}
+    expected = {"tok_emb.weight", "norm.weight", "output.weight"}
+    expected |= {f"layers.{i}.{n}.weight" for i in range(2) for n in layer}
+    assert names == expected  # and no bias anywhere
+
+
+def test_grouped_query_attention_shares_each_kv_head_with_a_group_of_query_heads():
+    attn = Attention(TINY)  # 4 query heads, 2 k/v heads of size 8
+    assert attn.wq.weight.shape == (32, 32) and attn.wk.weight.shape == (16, 32)
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 32)
+    q = attn.rope(attn.wq(x).view(2, 6, 4, 8).transpose(1, 2))
+    k = attn.rope(attn.wk(x).view(2, 6, 2, 8).transpose(1, 2))
+    v = attn.wv(x).view(2, 6, 2, 8).transpose(1, 2)
+    k, v = k[:, [0, 0, 1, 1]], v[:, [0, 0, 1, 1]]  # query heads 0, 1 read k/v head 0; 2, 3 head 1
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attn(x), attn.wo(y.transpose(1, 2).reshape(2, 6, 32)))
+
+
+def test_forward_returns_logits_and_loss_like_gpt_and_is_causal():
+    torch.manual_seed(0)
+    model = ModernGPT(TINY).eval()
+    idx = torch.randint(0, 64, (2, 16))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 16, 64) and loss.shape == ()
+    assert model(idx)[1] is None
+    changed = idx.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % 64
+    torch.testing.assert_close(model(changed)[0][:, :10], logits[:, :10])
+
+
+def test_each_layer_maps_b_t_d_to_b_t_d():
+    x = torch.randn(2, 5, 32)
+    assert all(layer(x).shape == (2, 5, 32) for layer in ModernGPT(TINY).layers)
+
+
+def test_initial_loss_is_near_ln_vocab_and_residual_outputs_start_smaller():
+    torch.manual_seed(0)
+    model = ModernGPT(PRESETS["tiny"])
+    idx, targets = torch.randint(0, 4096, (2, 4, 64))
+    assert model(idx, targets)[1].item() == pytest.approx(math.log(4096), abs=0.1)
+    layer = model.layers[0]
+    assert layer.attention.wq.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    for w in (layer.attention.wo.weight, layer.feed_forward.w2.weight):
+        assert w.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.1)
+
+
+def test_tie_embeddings_shares_the_output_head_and_untied_adds_a_matrix():
+    tied, untied = ModernGPT(TINY), ModernGPT(replace(TINY, tie_embeddings=False))
+    assert tied.output.weight is tied.tok_emb.weight
+    assert untied.output.weight is not untied.tok_emb.weight
+    assert untied.num_params() - tied.num_params() == 64 * 32
+    assert tied.num_params(non_embedding=True) == untied.num_params(non_embedding=True)
+
+
+def test_presets_are_about_the_size_of_step_08s():
+    from tiny_llm.gpt import PRESETS as GPT_PRESETS
+
+    assert set(ModernGPT.presets) >= {"tiny", "small", "gpu"}
+    for name in ("tiny", "small"):
+        modern, gpt = ModernGPT(PRESETS[name]).num_params(), GPT(GPT_PRESETS[name]).num_params()
+        assert 0.85 < modern / gpt < 1.0  # no position table, fewer k/v weights
+
+
+def test_bad_input_is_refused_with_a_message():
+    model = ModernGPT(TINY)
+    with pytest.raises(ValueError, match="integer token ids"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="exceed max_seq_len=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(TypeError, match="ModernConfig"):
+        ModernGPT(GPTConfig())
+
+
+def test_kv_bytes_per_token_counts_only_the_kv_heads():
+    assert kv_bytes_per_token(PRESETS["small"]) == 2 * 4 * 2 * 32 * 4
+    assert kv_bytes_per_token(GPTConfig()) == 2 * 4 * 4 * 32 * 4
+
+
+class ConcatCache:
+    """The KV cache interface (append, length) in its simplest form, for the tests."""
+
+    def __init__(self):
+        self.k, self.v, self.length = {}, {}, 0
+
+    def append(self, layer, k, v):
+        self.k[layer] = torch.cat([self.k[layer], k], dim=2) if layer in self.k else k
+        self.v[layer] = torch.cat([self.v[layer], v], dim=2) if layer in self.v else v
+        return self.k[layer], self.v[layer]
+
+
+def test_a_cache_gives_the_logits_of_a_full_forward_one_token_at_a_time():
+    torch.manual_seed(0)
+    model = ModernGPT(TINY).eval()
+    idx = torch.randint(0, 64, (2, 12))
+    full, _ = model(idx)
+    cache = ConcatCache()
+    steps = [model(idx[:, :5], cache=cache)[0]]  # prefill 5, then one token at a time
+    steps += [model(idx[:, t : t + 1], cache=cache)[0] for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == 12 and cache.k[0].shape == (2, 2, 12, 8)  # n_kv_heads = 2
+
+
+# --- reference implementations: Hugging Face's LLaMA and GPT-2 -------------------------------
+
+# Hugging Face's names for the weights of layer i, ours -> theirs
+LLAMA_NAMES = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
+               "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
+               "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
+               "feed_forward.w2": "mlp.down_proj", "attention_norm": "input_layernorm",
+               "ffn_norm": "post_attention_layernorm"}
+
+
+def from_llama_state_dict(state, config):
+    """A LlamaForCausalLM state dict -> a ModernGPT one: new names, and the wq/wk rows turned
+    from Hugging Face's RoPE on halves to our RoPE on adjacent pairs."""
+    emb = state["model.embed_tokens.weight"]
+    ours = {"tok_emb.weight": emb, "norm.weight": state["model.norm.weight"],
+            "output.weight": state.get("lm_head.weight", emb)}
+    heads = {"attention.wq": config.n_heads, "attention.wk": config.n_kv_heads}
+    for i in range(config.n_layers):
+        for mine, theirs in LLAMA_NAMES.items():
+            w = state[f"model.layers.{i}.{theirs}.weight"]
+            ours[f"layers.{i}.{mine}.weight"] = halves_to_pairs(w, heads[mine]) if (
+                mine in heads) else w
+    return ours
+
+
+def llama(config):
+    """A LlamaForCausalLM of the same shape as `config`, float32, random weights, eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = config
+    hf_config = LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.max_seq_len,
+        rope_theta=c.rope_theta, rms_norm_eps=c.norm_eps, hidden_act="silu",
+        tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(hf_config).float().eval()
+    with torch.no_grad():  # its init leaves the norms at 1: make them count too
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.1 if "norm" in name else 0.05)
+    return model
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_modern_gpt_gives_llamas_logits(tie):
+    config = ModernConfig(vocab_size=128, max_seq_len=32, d_model=64, n_layers=2, n_heads=4,
+                          n_kv_heads=2, d_ff=96, rope_theta=500.0, norm_eps=1e-6,
+                          tie_embeddings=tie)
+    reference = llama(config)
+    ours = ModernGPT(config).eval()
+    ours.load_state_dict(from_llama_state_dict(reference.state_dict(), config))
+    idx = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected, actual = reference(idx).logits, ours(idx)[0]
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+def test_without_the_row_reordering_the_logits_differ():
+    config = ModernConfig(vocab_size=128, max_seq_len=32, d_model=64, n_layers=2, n_heads=4,
+                          n_kv_heads=2, d_ff=96)
+    reference = llama(config)
+    state = from_llama_state_dict(reference.state_dict(), config)
+    for i in range(2):  # undo the reordering: load q_proj and k_proj as they are
+        for mine, heads in (("wq", 4), ("wk", 2)):
+            key = f"layers.{i}.attention.{mine}.weight"
+            state[key] = pairs_to_halves(state[key], heads)
+    ours = ModernGPT(config).eval()
+    ours.load_state_dict(state)
+    idx = torch.randint(0, 128, (1, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        gap = (ours(idx)[0] - reference(idx).logits).abs().max().item()
+    assert gap > 1e-3
+
+
+def from_gpt2_state_dict(state, n_layers):
+    """A GPT2LMHeadModel state dict -> step 08's GPT: its Conv1D weights are (in, out), the
+    transpose of nn.Linear's (out, in)."""
+    ours = {"embed.tok_emb.weight": state["transformer.wte.weight"],
+            "embed.pos_emb.weight": state["transformer.wpe.weight"],
+            "ln_f.weight": state["transformer.ln_f.weight"],
+            "ln_f.bias": state["transformer.ln_f.bias"],
+            "head.weight": state["transformer.wte.weight"]}
+    names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.qkv": "attn.c_attn",
+             "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+    for i in range(n_layers):
+        for mine, theirs in names.items():
+            w = state[f"transformer.h.{i}.{theirs}.weight"]
+            ours[f"blocks.{i}.{mine}.weight"] = w if mine.startswith("ln") else w.t()
+            ours[f"blocks.{i}.{mine}.bias"] = state[f"transformer.h.{i}.{theirs}.bias"]
+    return ours
+
+
+def test_step_08_gpt_gives_gpt2s_logits():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPTConfig(vocab_size=128, max_seq_len=32, d_model=64, n_layers=2, n_heads=4)
+    torch.manual_seed(0)
+    reference = GPT2LMHeadModel(GPT2Config(
+        vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+        activation_function="gelu", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, tie_word_embeddings=True)).float().eval()
+    with torch.no_grad():
+        for name, p in reference.named_parameters():  # random biases and gains as well
+            p.normal_(1.0 if ".ln_" in name and name.endswith("weight") else 0.0, 0.05)
+    ours = GPT(config).eval()
+    ours.load_state_dict(from_gpt2_state_dict(reference.state_dict(), 2))
+    idx = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected, actual = reference(idx).logits, ours(idx)[0]
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+# --- the ablation script -----------------------------------------------------------------------
+
+
+def load_ablation():
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "ablate_modern.py")
+    spec = importlib.util.spec_from_file_location("ablate_modern", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ablation_rows_add_one_change_each():
+    ablation = load_ablation()
+    models = {row: ablation.build(row, 4096) for row in ablation.ROWS}
+    params = {row: m.num_params() for row, m in models.items()}
+    assert params["+gqa"] == ModernGPT(PRESETS["small"]).num_params()
+    assert params["+untied"] - params["+gqa"] == 4096 * 128
+    assert params["+rope"] == params["+rmsnorm"] - 256 * 128  # the position table is gone
+    assert abs(params["+swiglu"] - params["+rope"]) < 0.01 * params["+rope"]
+    assert params["+swiglu"] - params["+no-bias"] == 4 * (4 * 128 + 2 * 344 + 128)
+    assert isinstance(models["+rmsnorm"].ln_f, RMSNorm)
+    assert isinstance(models["+rope"].layers[0].feed_forward, MLP)
