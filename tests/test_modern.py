@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from solutions import ex15_modern
 from tiny_llm.block import MLP
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.modern import (
@@ -340,3 +341,38 @@ def test_ablation_rows_add_one_change_each():
     assert params["+swiglu"] - params["+no-bias"] == 4 * (4 * 128 + 2 * 344 + 128)
     assert isinstance(models["+rmsnorm"].ln_f, RMSNorm)
     assert isinstance(models["+rope"].layers[0].feed_forward, MLP)
+
+
+# --- the exercises -----------------------------------------------------------------------------
+
+
+def test_exercise_1_layernorm_is_rmsnorm_of_the_centred_vector_plus_a_bias():
+    assert ex15_modern.exercise_1_layernorm_is_rmsnorm_of_the_centred_vector() < 1e-5
+
+
+def test_exercise_2_llamas_rule_gives_llama_7bs_width():
+    assert ex15_modern.exercise_2_llama_d_ff(4096) == 11008
+    assert ex15_modern.exercise_2_llama_d_ff(128, multiple_of=8) == 344  # our small preset
+
+
+def test_exercise_3_gqa_cuts_a_70b_kv_cache_eightfold():
+    kv = ex15_modern.exercise_3_kv_cache_70b()
+    assert kv["gqa_per_token"] == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert kv["mha_per_token"] == 8 * kv["gqa_per_token"]
+    assert kv["gqa_per_sequence_GB"] == pytest.approx(1.342, abs=1e-3)
+
+
+def test_exercise_4_rotating_halves_of_reordered_dims_is_rotating_pairs():
+    assert ex15_modern.exercise_4_the_two_rope_layouts_agree() < 1e-6
+
+
+def test_exercise_5_fewer_kv_heads_fewer_parameters_and_cache():
+    sizes = ex15_modern.exercise_5_multi_query()
+    assert sorted(sizes) == [1, 2, 4]
+    assert sizes[4][0] - sizes[1][0] == 4 * 2 * 128 * 96  # wk and wv lose 3 of 4 heads
+    assert [sizes[kv][1] for kv in (4, 2, 1)] == [4096, 2048, 1024]
+
+
+def test_exercise_6_the_gate_shuts_or_passes():
+    shut, passed = ex15_modern.exercise_6_swiglu_gate()
+    assert abs(shut) < 0.02 and passed == pytest.approx(6, abs=0.02)
