@@ -16,7 +16,7 @@ wall clock but not the budget), its learning-rate schedule sized to end when the
 then scores the whole valid.bin with tiny_llm.evaluate: bits per byte.
 
     uv run python scripts/ablate_modern.py --data-dir DATA --seconds 120 --seeds 1 2 --out a.jsonl
-    uv run python scripts/ablate_modern.py --report a.jsonl b.jsonl       (the table)
+    uv run python scripts/ablate_modern.py --report a.jsonl b.jsonl --plot table.png
 """
 
 import argparse
@@ -33,6 +33,7 @@ from tiny_llm.block import MLP, init_weights
 from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import seed_everything
 from tiny_llm.evaluate import bits_per_byte, evaluate_loss
+from tiny_llm.files import atomic_path
 from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
@@ -108,9 +109,14 @@ def run_row(row, seed, args, meta, train_data, valid_data):
             "val_loss": round(scored["loss"], 4), "val_bpb": round(bpb, 4), "lr": args.lr}
 
 
+def read(paths):
+    """Every run recorded in the JSONL files."""
+    return [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line]
+
+
 def report(paths):
     """Print one line per row: params, steps, tokens/s, val bits per byte per seed and mean."""
-    records = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines()]
+    records = read(paths)
     print(f"{'row':<10} {'params':>10} {'steps':>11} {'tok/cpu-s':>10} {'val bpb, each seed':>20}"
           f" {'mean':>7}")
     for row in ROWS:
@@ -124,6 +130,28 @@ def report(paths):
               f"{' '.join(f'{b:.4f}' for b in bpb):>20} {statistics.mean(bpb):>7.4f}")
 
 
+def plot(paths, out):
+    """Val bits per byte per row: one dot per seed, a bar at their mean; saved as a PNG."""
+    from matplotlib.figure import Figure
+
+    records = read(paths)
+    rows = [row for row in ROWS if any(r["row"] == row for r in records)]
+    fig = Figure(figsize=(8, 3.6), layout="constrained")
+    ax = fig.subplots()
+    for i, row in enumerate(rows):
+        bpb = [r["val_bpb"] for r in records if r["row"] == row]
+        ax.bar(i, statistics.mean(bpb), color="C0", alpha=0.35)
+        ax.plot([i] * len(bpb), bpb, "o", color="C0")
+    low = min(r["val_bpb"] for r in records)
+    high = max(r["val_bpb"] for r in records)
+    ax.set(xticks=range(len(rows)), xticklabels=rows, ylim=(low - 0.02, high + 0.02),
+           ylabel="val bits per byte (lower is better)",
+           title="From step 08's GPT to ModernGPT, one change per row (dots: seeds)")
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=80, metadata={"Software": None})
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default="data", help="prepared data (tiny_llm.data)")
@@ -133,9 +161,13 @@ def main():
     parser.add_argument("--lr", type=float, default=TrainConfig.lr)
     parser.add_argument("--out", default="ablation.jsonl", help="one JSON line per run, appended")
     parser.add_argument("--report", nargs="+", metavar="JSONL", help="print the table and stop")
+    parser.add_argument("--plot", metavar="PNG", help="with --report: also draw the table")
     args = parser.parse_args()
     if args.report:
-        return report(args.report)
+        report(args.report)
+        if args.plot:
+            print(f"picture {plot(args.report, args.plot)}")
+        return
     torch.set_num_threads(1)  # the budget is CPU time: one thread makes it a fair clock
     data_dir = Path(args.data_dir)
     meta = load_meta(data_dir)

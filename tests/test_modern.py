@@ -169,9 +169,9 @@ def test_presets_are_about_the_size_of_step_08s():
 
 def test_bad_input_is_refused_with_a_message():
     model = ModernGPT(TINY)
-    with pytest.raises(ValueError, match="integer token ids"):
+    with pytest.raises(TypeError, match="token ids must be integers"):
         model(torch.zeros(1, 4))
-    with pytest.raises(ValueError, match="exceed max_seq_len=16"):
+    with pytest.raises(ValueError, match="exceeds max_seq_len=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(TypeError, match="ModernConfig"):
         ModernGPT(GPTConfig())

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tiny_llm import posenc
 from tiny_llm.block import LayerNorm, init_weights
 from tiny_llm.device import seed_everything
+from tiny_llm.embed import check_ids
 from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.tokenize import VOCAB_SIZE
@@ -81,8 +82,7 @@ def swiglu_size(d_model, multiple_of=8):
 def rotate_pairs(x, sin, cos):
     """Turn each pair (x[2i], x[2i+1]) of the last dim by the angle whose sin and cos are given.
 
-    x (..., T, hs); sin, cos (T, hs/2). The same arithmetic as step 14's RotaryEmbedding.
-    """
+    x (..., T, hs); sin, cos (T, hs/2). The same arithmetic as step 14's RotaryEmbedding."""
     x_even, x_odd = x[..., 0::2], x[..., 1::2]
     turned = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
     return turned.flatten(-2)
@@ -100,7 +100,6 @@ class RotaryEmbedding(posenc.RotaryEmbedding):
         inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
         angle = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
         self.sin, self.cos = angle.sin().float(), angle.cos().float()  # replace the buffers
-        self.theta = theta
 
     def forward(self, x, start=0):
         T = x.shape[-2]
@@ -223,7 +222,7 @@ class ModernGPT(nn.Module):
         With a KV cache the ids sit at positions cache.length .. cache.length + T - 1.
         """
         start = 0 if cache is None else cache.length
-        self._check_ids(idx, start)
+        check_ids(idx, self.config.vocab_size, self.config.max_seq_len - start)  # step 04's
         x = self.tok_emb(idx)  # (B, T, C)
         for i, layer in enumerate(self.layers):
             x = layer(x, cache, i)
@@ -241,20 +240,11 @@ class ModernGPT(nn.Module):
             total -= self.tok_emb.weight.numel() * (1 if self.config.tie_embeddings else 2)
         return total
 
-    def _check_ids(self, idx, start):
-        if not torch.is_tensor(idx) or idx.is_floating_point() or idx.dim() != 2:
-            what = f"{idx.dtype} {tuple(idx.shape)}" if torch.is_tensor(idx) else type(idx)
-            raise ValueError(f"ModernGPT expects (B, T) integer token ids, got {what}")
-        if start + idx.shape[1] > self.config.max_seq_len:
-            raise ValueError(f"positions {start}..{start + idx.shape[1] - 1} exceed max_seq_len="
-                             f"{self.config.max_seq_len}: keep the last tokens only")
 
 
 # ---------------------------------------------------------------------------------------------
-# RoPE's two layouts. Meta's LLaMA code, like ours, turns adjacent pairs (0, 1), (2, 3), ...;
-# Hugging Face's LlamaForCausalLM turns (i, i + head_size/2), the two halves of a head. Reordering
-# the rows of wq and wk per head turns one into the other (tests/test_modern.py loads a
-# LlamaForCausalLM's weights this way and gets its logits).
+# RoPE's two layouts: Meta's LLaMA code turns adjacent pairs (0, 1), (2, 3), ... as we do; Hugging
+# Face's turns (i, i + head_size/2). Reordering wq's and wk's rows per head converts between them.
 
 
 def pairs_to_halves(w, n_heads):
