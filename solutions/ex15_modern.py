@@ -14,7 +14,6 @@ from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import (
     PRESETS,
-    ModernConfig,
     ModernGPT,
     RMSNorm,
     RotaryEmbedding,
@@ -46,11 +45,9 @@ def exercise_2_llama_d_ff(d_model=4096, multiple_of=256):
 
 def exercise_3_kv_cache_70b(tokens=4096, bytes_per_number=2):
     """A 70B-class model (80 layers, 64 query heads of 128, 8 k/v heads) in bfloat16:
-    bytes per token and per `tokens`-token sequence, with GQA and with 64 k/v heads."""
-    config = ModernConfig(vocab_size=32000, max_seq_len=tokens, d_model=8192, n_layers=80,
-                          n_heads=64, n_kv_heads=8, d_ff=28672)
-    gqa = kv_bytes_per_token(config, bytes_per_number)
-    mha = kv_bytes_per_token(replace(config, n_kv_heads=64), bytes_per_number)
+    bytes per token and per `tokens`-token sequence, with GQA and with 64 k/v heads.
+    Per token: 2 (k and v) · n_layers · k/v heads · head_size numbers."""
+    gqa, mha = (2 * 80 * kv_heads * 128 * bytes_per_number for kv_heads in (8, 64))
     return {"gqa_per_token": gqa, "mha_per_token": mha,
             "gqa_per_sequence_GB": gqa * tokens / 1e9, "mha_per_sequence_GB": mha * tokens / 1e9}
 

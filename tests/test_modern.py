@@ -78,7 +78,7 @@ def test_rope_start_rotates_new_positions_as_if_the_prefix_were_there():
     torch.manual_seed(0)
     rope, x = RotaryEmbedding(8, 10), torch.randn(1, 2, 10, 8)
     torch.testing.assert_close(rope(x[:, :, 6:9], start=6), rope(x)[:, :, 6:9])
-    with pytest.raises(ValueError, match="exceed max_seq_len=10"):
+    with pytest.raises(ValueError, match="exceeds max_len=10"):
         rope(x[:, :, :3], start=8)
 
 
@@ -376,3 +376,32 @@ def test_exercise_5_fewer_kv_heads_fewer_parameters_and_cache():
 def test_exercise_6_the_gate_shuts_or_passes():
     shut, passed = ex15_modern.exercise_6_swiglu_gate()
     assert abs(shut) < 0.02 and passed == pytest.approx(6, abs=0.02)
+
+
+# --- everything downstream takes it: cache, generation, checkpoints, training -----------------
+
+
+def test_the_kv_cache_holds_n_kv_heads_and_generation_matches_without_it():
+    from tiny_llm.generate import generate
+    from tiny_llm.kvcache import KVCache, generate_cached
+
+    torch.manual_seed(0)
+    model = ModernGPT(TINY).eval()
+    cache = KVCache(model.config)
+    assert cache.nbytes() == kv_bytes_per_token(TINY) * TINY.max_seq_len
+    idx = torch.randint(0, 64, (1, 3))
+    greedy = {"temperature": 0, "eot_id": None}
+    torch.testing.assert_close(generate_cached(model, idx, 20, **greedy),
+                               generate(model, idx, 20, **greedy), rtol=0, atol=0)
+
+
+def test_main_job_trains_it_and_the_checkpoint_rebuilds_it(sample_data_dir, tmp_path):
+    from tiny_llm.checkpoint import model_from_checkpoint
+    from tiny_llm.train import TrainConfig, train
+
+    cfg = TrainConfig(model="modern", preset="tiny", max_steps=4, eval_interval=4, eval_iters=1,
+                      batch_size=2, out=str(tmp_path), data_dir=str(sample_data_dir))
+    result = train(cfg)
+    model, ckpt = model_from_checkpoint(result["checkpoint"], data_dir=sample_data_dir)
+    assert isinstance(model, ModernGPT) and model.config.n_kv_heads == 1
+    assert ckpt["model_class"] == "tiny_llm.modern.ModernGPT"

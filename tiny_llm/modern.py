@@ -23,29 +23,19 @@ from tiny_llm import posenc
 from tiny_llm.block import LayerNorm, init_weights
 from tiny_llm.device import seed_everything
 from tiny_llm.embed import check_ids
+from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
+from tiny_llm.kvcache import KVCache, generate_cached
+from tiny_llm.multihead import attend
 from tiny_llm.tokenize import VOCAB_SIZE
-
-
-def attend(q, k, v, dropout_p=0.0):
-    """Causal attention with grouped keys: q (B, H, Tq, hs), k, v (B, Hkv, Tk, hs) -> (B, H, Tq, hs).
-
-    Each key/value head serves H // Hkv query heads. Tq == Tk is causal; Tq == 1 (a decode
-    step with a cache) sees every key.
-    """
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    causal = q.shape[2] > 1
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
 
 
 class RMSNorm(nn.Module):
     """x / RMS(x) · weight, RMS(x) = √(mean(x²) + eps) over the last dim; (..., d) -> (..., d).
 
-    LayerNorm without the two parts that turn out not to matter: subtracting the mean and
-    adding a bias. [3., 4.] -> [3, 4] / √12.5 = [0.8485, 1.1314] (with weight 1, eps 0).
-    """
+    LayerNorm without subtracting the mean and without the bias: [3., 4.] -> [3, 4] / √12.5 =
+    [0.8485, 1.1314] (weight 1, eps 0)."""
 
     def __init__(self, d_model, eps=1e-5):
         super().__init__()
@@ -60,9 +50,7 @@ class SwiGLU(nn.Module):
     """Gated feed-forward: w2(silu(w1(x)) · w3(x)); (B, T, d_model) -> (B, T, d_model).
 
     w1 (the gate) decides, per hidden unit, how much of w3's value (the up projection) passes;
-    w2 brings the result back down. Three matrices of d_model x d_ff: d_ff = 8/3·d_model has
-    the 8·d_model² weights of step 07's two-matrix GELU MLP of width 4·d_model.
-    """
+    w2 brings the result back down. d_ff = 8/3·d_model: the 8·d_model² weights of step 07's MLP."""
 
     def __init__(self, d_model, d_ff):
         super().__init__()
@@ -79,34 +67,16 @@ def swiglu_size(d_model, multiple_of=8):
     return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
 
 
-def rotate_pairs(x, sin, cos):
-    """Turn each pair (x[2i], x[2i+1]) of the last dim by the angle whose sin and cos are given.
-
-    x (..., T, hs); sin, cos (T, hs/2). The same arithmetic as step 14's RotaryEmbedding."""
-    x_even, x_odd = x[..., 0::2], x[..., 1::2]
-    turned = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
-    return turned.flatten(-2)
-
-
 class RotaryEmbedding(posenc.RotaryEmbedding):
-    """Step 14's RoPE with a base `theta` (θ_i = theta^(-2i/hs)) and a first position `start`.
+    """Step 14's RoPE with a base `theta`: pair i turns by θ_i = theta^(-2i/head_size) a step.
 
-    (B, heads, T, head_size) in, same out. `start` is where the T positions begin: 0 for a
-    whole sequence, cache.length for new tokens after a KV cache's prefix.
-    """
+    (B, heads, T, head_size) in, same out; forward(x, start) is step 14's (start: cache.length)."""
 
     def __init__(self, head_size, max_seq_len, theta=10000.0):
         super().__init__(head_size, max_seq_len)  # step 14's tables are for theta = 10000
         inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
         angle = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
         self.sin, self.cos = angle.sin().float(), angle.cos().float()  # replace the buffers
-
-    def forward(self, x, start=0):
-        T = x.shape[-2]
-        if start + T > self.max_len:
-            raise ValueError(f"positions {start}..{start + T - 1} exceed max_seq_len="
-                             f"{self.max_len}: keep the last {self.max_len} tokens")
-        return rotate_pairs(x, self.sin[start : start + T], self.cos[start : start + T])
 
 
 @dataclass
@@ -123,6 +93,7 @@ class ModernConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True  # the output head reuses tok_emb, as step 08 does
+    dropout: float = 0.0  # the main job passes it; LLaMA trains without, and so does this model
 
     def __post_init__(self):
         for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads",
@@ -134,6 +105,9 @@ class ModernConfig:
             raise ValueError(f"need d_model={self.d_model} to split into n_heads={self.n_heads}"
                              " heads of an even size (RoPE turns pairs), and n_heads to be a "
                              f"multiple of n_kv_heads={self.n_kv_heads} (whole groups)")
+        if self.dropout != 0:
+            raise ValueError(f"ModernGPT has no dropout (LLaMA trains without it), got "
+                             f"dropout={self.dropout}: leave --dropout at 0")
         if not (self.rope_theta > 0 and self.norm_eps > 0):
             raise ValueError(f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, "
                              f"{self.norm_eps}")
@@ -197,6 +171,7 @@ class TransformerBlock(nn.Module):
 class ModernGPT(nn.Module):
     """A LLaMA-style decoder: (B, T) token ids -> (B, T, vocab_size) next-token logits."""
 
+    config_class = ModernConfig  # what a checkpoint's "config" dict is rebuilt into
     presets = PRESETS
 
     def __init__(self, config):
@@ -219,8 +194,7 @@ class ModernGPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """(B, T) int ids -> (logits (B, T, vocab_size), loss or None), as step 08's GPT.
 
-        With a KV cache the ids sit at positions cache.length .. cache.length + T - 1.
-        """
+        With a KV cache the ids sit at positions cache.length .. cache.length + T - 1."""
         start = 0 if cache is None else cache.length
         check_ids(idx, self.config.vocab_size, self.config.max_seq_len - start)  # step 04's
         x = self.tok_emb(idx)  # (B, T, C)
@@ -264,10 +238,9 @@ def halves_to_pairs(w, n_heads):
 # The check
 
 
-def kv_bytes_per_token(config, bytes_per_number=4):
-    """Keys and values one token leaves in a KV cache: 2 · n_layers · kv heads · head size."""
-    kv_heads = getattr(config, "n_kv_heads", config.n_heads)
-    return 2 * config.n_layers * kv_heads * (config.d_model // config.n_heads) * bytes_per_number
+def kv_bytes_per_token(config):
+    """Bytes one token takes in step 12's KVCache: 2 · n_layers · kv heads · head size · 4."""
+    return KVCache(config).nbytes() // config.max_seq_len
 
 
 def compare(gpt, modern):
@@ -299,14 +272,15 @@ def compare(gpt, modern):
 
 def main():
     seed_everything(1337)
+    modern = ModernGPT(PRESETS["small"]).eval()
     with torch.no_grad():
-        compare(GPT(GPT_PRESETS["small"]).eval(), ModernGPT(PRESETS["small"]).eval())
+        compare(GPT(GPT_PRESETS["small"]).eval(), modern)
         x = torch.randn(4, 16, 128) * 3 + 1  # far from mean 0, rms 1 on purpose
         rms, ln = RMSNorm(128)(x), LayerNorm(128)(x)
         error = (rms - F.rms_norm(x, (128,), eps=1e-5)).abs().max().item()
     print()
     print(f"{'RMSNorm = F.rms_norm (1e-6)':<30} {error < 1e-6}")
-    print(f"{'LayerNorm out: mean, rms':<30} {ln.mean().item():+.3f}, "
+    print(f"{'LayerNorm out: mean, rms':<30} {abs(ln.mean().item()):+.3f}, "
           f"{ln.pow(2).mean().sqrt().item():.3f}")
     print(f"{'RMSNorm out: mean, rms':<30} {rms.mean().item():+.3f}, "
           f"{rms.pow(2).mean().sqrt().item():.3f}")
@@ -315,6 +289,10 @@ def main():
     print(f"{'gpu preset, KV cache':<30} {mha:,} bytes per token with {c.n_heads} k/v heads, "
           f"{gqa:,} with {c.n_kv_heads}: {mha * c.max_seq_len / 2**20:.0f} MiB vs "
           f"{gqa * c.max_seq_len / 2**20:.0f} MiB per sequence of {c.max_seq_len}")
+    prompt = torch.zeros(1, 1, dtype=torch.long)  # greedy, 40 tokens, without and with a cache
+    same = torch.equal(*(fn(modern, prompt, 40, temperature=0, eot_id=None)
+                         for fn in (generate, generate_cached)))
+    print(f"{'greedy, KV cache vs none':<30} the same 40 tokens: {same}")
     print(f"{'the ablation':<30} uv run python scripts/ablate_modern.py (steps/15-modern.md)")
 
 
