@@ -57,9 +57,9 @@ def gpt2_names(n_layers):
               ("ln_2", "ln_2"), ("mlp.fc", "mlp.c_fc"), ("mlp.proj", "mlp.c_proj"))
     for i in range(n_layers):
         for ours, theirs in layers:
-            linear = not ours.startswith("ln")
-            names.append((f"blocks.{i}.{ours}.weight", f"transformer.h.{i}.{theirs}.weight", linear))
-            names.append((f"blocks.{i}.{ours}.bias", f"transformer.h.{i}.{theirs}.bias", False))
+            a, b = f"blocks.{i}.{ours}", f"transformer.h.{i}.{theirs}"
+            names += [(f"{a}.weight", f"{b}.weight", not ours.startswith("ln")),
+                      (f"{a}.bias", f"{b}.bias", False)]
     return names
 
 
