@@ -151,8 +151,8 @@ def test_a_vocabulary_that_does_not_fit_the_tokenizer_is_refused(sample_data_dir
     save_checkpoint(tmp_path / "ckpt.pt", {
         "model": model.state_dict(), "config": asdict(model.config), "step": 1,
         "tokenizer_sha256": tokenizer_sha256(sample_data_dir / "tokenizer.json")})
-    with pytest.raises(ValueError, match=r"vocab_size 50 but .*tokenizer.json has 1,\d{3} "
-                                         r"tokens: use the data folder"):
+    with pytest.raises(ValueError, match=r"vocab_size 50, .*tokenizer.json has 1,\d{3} "
+                                         r"tokens: pass the model's data folder"):
         export(tmp_path / "ckpt.pt", tmp_path / "hf", data_dir=sample_data_dir)
 
 

@@ -1,25 +1,27 @@
 """Appendix: hand a trained model to the Hugging Face ecosystem, and take GPT-2 back.
 
-Our GPT and Hugging Face's GPT2LMHeadModel are the same computation under other names: `wte` is
-our `tok_emb`, `h.3.attn.c_attn` is our `blocks.3.attn.qkv`, and so on. Exporting renames every
-weight (transposing the linear layers, which GPT-2 stores in/out instead of out/in), writes
+Our GPT and transformers' GPT2LMHeadModel are the same computation under other names: their
+`transformer.h.3.attn.c_attn` is our `blocks.3.attn.qkv`. Exporting renames every weight, writes
 config.json, model.safetensors and the tokenizer, then loads the folder back with transformers
-and checks that it computes what our model computes. Importing does the same the other way.
+and checks that it computes what our model computes. Importing renames the other way.
 
 Export:  uv run python -m tiny_llm.export --checkpoint runs/small/ckpt.pt --out runs/small/hf
 Import:  uv run python -m tiny_llm.export --import gpt2 --out runs/gpt2/ckpt.pt   (needs internet)
-transformers and safetensors are an extra:  uv sync --extra hf
+transformers and safetensors are an optional extra:  uv sync --extra hf
 """
 
 import argparse
+import importlib.util
 import json
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 from tiny_llm.checkpoint import load_checkpoint, save_checkpoint
 from tiny_llm.generate import generate
@@ -28,182 +30,196 @@ from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256
 
 GPT_CLASS = "tiny_llm.gpt.GPT"  # what a checkpoint without "model_class" holds
+MODERN_CLASS = "tiny_llm.modern.ModernGPT"  # step 15; imported only when a checkpoint holds one
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # real GPT-2 uses gelu_new
 LIMIT = 1e-5  # largest |logit difference| that counts as the same model, in float32
 
+# Our parameter names -> transformers' names, by regex substitutions applied in order:
+# "blocks.0.attn.qkv.weight" -> "transformer.h.0.attn.c_attn.weight"
+GPT2_NAMES = [(r"^embed\.tok_emb", "transformer.wte"), (r"^embed\.pos_emb", "transformer.wpe"),
+              (r"^blocks\.", "transformer.h."), (r"^ln_f", "transformer.ln_f"),
+              (r"attn\.qkv", "attn.c_attn"), (r"attn\.proj", "attn.c_proj"),
+              (r"mlp\.fc", "mlp.c_fc"), (r"mlp\.proj", "mlp.c_proj")]
+LLAMA_NAMES = [(r"^tok_emb", "model.embed_tokens"), (r"^norm", "model.norm"),
+               (r"^output", "lm_head"), (r"^layers\.", "model.layers."),
+               (r"attention\.w([qkvo])", r"self_attn.\1_proj"),
+               (r"feed_forward\.w1", "mlp.gate_proj"), (r"feed_forward\.w3", "mlp.up_proj"),
+               (r"feed_forward\.w2", "mlp.down_proj"), (r"attention_norm", "input_layernorm"),
+               (r"ffn_norm", "post_attention_layernorm")]
+
 
 def transformers():
-    """The transformers package, or a clear error saying how to install it."""
-    try:
-        import transformers
-    except ImportError:
-        raise SystemExit("error: export and import need transformers and safetensors, an "
-                         "optional extra: run `uv sync --extra hf`") from None
-    transformers.utils.logging.disable_progress_bar()
-    return transformers
+    """The transformers package, or a clear error saying how to install it (an extra)."""
+    if importlib.util.find_spec("transformers") is None:
+        raise SystemExit("error: export and import need transformers: `uv sync --extra hf`")
+    return importlib.import_module("transformers")
 
 
-def gpt2_names(n_layers):
-    """[(our name, GPT-2's name, transposed?)] for every weight of step 08's GPT.
-
-    ("blocks.0.attn.qkv.weight", "transformer.h.0.attn.c_attn.weight", True): GPT-2's Conv1D
-    keeps (in, out) where nn.Linear keeps (out, in). The head is tied to wte, so it has no entry.
-    """
-    names = [("embed.tok_emb.weight", "transformer.wte.weight", False),
-             ("embed.pos_emb.weight", "transformer.wpe.weight", False),
-             ("ln_f.weight", "transformer.ln_f.weight", False),
-             ("ln_f.bias", "transformer.ln_f.bias", False)]
-    layers = (("ln_1", "ln_1"), ("attn.qkv", "attn.c_attn"), ("attn.proj", "attn.c_proj"),
-              ("ln_2", "ln_2"), ("mlp.fc", "mlp.c_fc"), ("mlp.proj", "mlp.c_proj"))
-    for i in range(n_layers):
-        for ours, theirs in layers:
-            a, b = f"blocks.{i}.{ours}", f"transformer.h.{i}.{theirs}"
-            names += [(f"{a}.weight", f"{b}.weight", not ours.startswith("ln")),
-                      (f"{a}.bias", f"{b}.bias", False)]
-    return names
+def hf_name(name, rules):
+    """Our parameter name -> transformers' name for the same weight."""
+    for pattern, replacement in rules:
+        name = re.sub(pattern, replacement, name)
+    return name
 
 
-def copy_weights(source, target, names, backwards=False):
-    """Copy every (source name -> target name) weight; a clear error if a shape does not fit."""
-    src, dst = dict(source.named_parameters()), dict(target.named_parameters())
+def convert(w, theirs, c, backwards=False):
+    """Our weight `w` in the layout transformers keeps under the name `theirs` (or back)."""
+    if re.search(r"\.c_(attn|proj|fc)\.weight$", theirs):
+        return w.t()  # GPT-2's Conv1D keeps (in, out) where nn.Linear keeps (out, in)
+    heads = {"q_proj": c.n_heads, "k_proj": getattr(c, "n_kv_heads", 0)}.get(
+        theirs.split(".")[-2])
+    if heads:
+        # RoPE: ours turns the pairs of dimensions (0, 1), (2, 3)... of each head, as Meta's
+        # LLaMA does; transformers' Llama turns (0, hs/2), (1, hs/2 + 1)... Reordering the
+        # rows of wq and wk alike moves each pair to where Llama turns it; q·k is unchanged.
+        split = (heads, 2, -1, w.shape[1]) if backwards else (heads, -1, 2, w.shape[1])
+        return w.reshape(split).transpose(1, 2).reshape(w.shape)
+    return w
+
+
+def copy_weights(ours, theirs, rules, backwards=False):
+    """Copy every weight of our model into the transformers one (backwards: the other way)."""
+    hf_params = dict(theirs.named_parameters())  # a tied head is one parameter on both sides
     with torch.no_grad():
-        for ours, theirs, transposed in names:
-            a, b = (theirs, ours) if backwards else (ours, theirs)
-            w = src[a].t() if transposed else src[a]
-            if w.shape != dst[b].shape:
-                raise ValueError(f"{a} has shape {tuple(w.shape)} but {b} needs "
-                                 f"{tuple(dst[b].shape)}: the two configs do not describe "
-                                 "the same model")
-            dst[b].copy_(w)
-    return target
+        for name, p in ours.named_parameters():
+            other = hf_name(name, rules)
+            q = hf_params.get(other)
+            if q is None or convert(p, other, ours.config).shape != q.shape:
+                found = "missing" if q is None else f"{tuple(q.shape)}"
+                raise ValueError(f"our {name} {tuple(p.shape)} does not fit transformers' "
+                                 f"{other} ({found}): the configs describe different models")
+            if backwards:
+                p.copy_(convert(q, other, ours.config, backwards=True))
+            else:
+                q.copy_(convert(p, other, ours.config))
+    return (ours if backwards else theirs).eval()
 
 
 def to_gpt2(model):
-    """Step 08's GPT -> an equal transformers GPT2LMHeadModel (float32, eval mode)."""
+    """Step 08's GPT -> an equal transformers GPT2LMHeadModel."""
     tf, c = transformers(), model.config
     config = tf.GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.max_seq_len, n_embd=c.d_model,
         n_layer=c.n_layers, n_head=c.n_heads, activation_function="gelu",  # ours is the exact erf
         layer_norm_epsilon=1e-5, resid_pdrop=c.dropout, embd_pdrop=c.dropout,
         attn_pdrop=c.dropout, bos_token_id=0, eos_token_id=0, tie_word_embeddings=True)
-    hf = tf.GPT2LMHeadModel(config)
-    return copy_weights(model.float(), hf, gpt2_names(c.n_layers)).eval()
+    return copy_weights(model, tf.GPT2LMHeadModel(config), GPT2_NAMES)
 
 
-def check_gpt2_config(c, source):
-    """Raise unless the GPT-2 config `c` describes a model our GPT can hold."""
-    problems = []
+def to_llama(model):
+    """Step 15's ModernGPT -> an equal transformers LlamaForCausalLM."""
+    tf, c = transformers(), model.config
+    config = tf.LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads, head_dim=c.d_model // c.n_heads,
+        max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps, hidden_act="silu",
+        rope_parameters={"rope_type": "default", "rope_theta": float(c.rope_theta)},
+        tie_word_embeddings=c.tie_embeddings, bos_token_id=0, eos_token_id=0)
+    return copy_weights(model, tf.LlamaForCausalLM(config), LLAMA_NAMES)
+
+
+EXPORTS = {GPT_CLASS: to_gpt2, MODERN_CLASS: to_llama}
+
+
+def gpt2_misfit(c):
+    """What in the transformers config `c` our GPT cannot hold, or None."""
     if c.model_type != "gpt2":
-        problems.append(f"it is a {c.model_type!r} model, and only GPT-2 (model_type 'gpt2', "
-                        "the architecture of step 08) can be imported")
-    elif c.n_inner not in (None, 4 * c.n_embd):
-        problems.append(f"its MLP is {c.n_inner} wide, ours is always 4 x n_embd = {4 * c.n_embd}")
-    elif abs(c.layer_norm_epsilon - 1e-5) > 1e-12:
-        problems.append(f"its LayerNorm eps is {c.layer_norm_epsilon}, ours is 1e-5")
-    elif c.scale_attn_by_inverse_layer_idx or not c.scale_attn_weights or c.add_cross_attention:
-        problems.append("it scales or wires attention differently (scale_attn_weights, "
-                        "scale_attn_by_inverse_layer_idx or add_cross_attention)")
-    elif c.activation_function not in ("gelu", *TANH_GELUS):
-        problems.append(f"its activation is {c.activation_function!r}, ours is GELU")
-    if problems:
-        raise ValueError(f"{source} cannot be imported: {problems[0]}")
+        return (f"it is a {c.model_type!r} model, and only GPT-2 (model_type 'gpt2', the "
+                "architecture of step 08) can be imported")
+    checks = [(c.n_inner in (None, 4 * c.n_embd),
+               f"its MLP is {c.n_inner} wide, ours is always 4 x n_embd = {4 * c.n_embd}"),
+              (c.scale_attn_weights and not c.scale_attn_by_inverse_layer_idx,
+               "it scales attention differently (see scale_attn_* in its config.json)"),
+              (c.activation_function in ("gelu", *TANH_GELUS),
+               f"its activation is {c.activation_function!r}, ours is GELU"),
+              (c.tie_word_embeddings, "its output head is not tied to its token embedding, "
+               "and ours is (step 08)")]
+    return next((problem for ok, problem in checks if not ok), None)
 
 
 def from_gpt2(source):
     """A GPT2LMHeadModel (Hub name or local folder) -> (our GPT, the transformers model)."""
     tf = transformers()
-    folder = Path(source)
-    if folder.exists() and not (folder / "config.json").is_file():
+    if Path(source).exists() and not (Path(source) / "config.json").is_file():
         raise ValueError(f"{source} is not a Hugging Face model folder (no config.json in it): "
-                         "pass a folder written by save_pretrained, such as one made by "
-                         "`python -m tiny_llm.export --checkpoint ...`, or a Hub name like gpt2")
+                         "pass one that save_pretrained wrote, or a Hub name like gpt2")
     try:
         config = tf.AutoConfig.from_pretrained(source)
     except OSError as err:
         raise ValueError(f"could not load {source!r} ({str(err).splitlines()[0]}): a Hub name "
                          "needs internet the first time (then it is cached), a folder needs "
                          "config.json and model.safetensors") from None
-    check_gpt2_config(config, source)
-    hf = tf.GPT2LMHeadModel.from_pretrained(source, dtype=torch.float32).eval()
-    if hf.lm_head.weight.data_ptr() != hf.transformer.wte.weight.data_ptr() and not torch.equal(
-            hf.lm_head.weight, hf.transformer.wte.weight):
-        raise ValueError(f"{source} has an output head separate from its token embedding; "
-                         "ours is tied to tok_emb (step 08), so it cannot hold this model")
+    if problem := gpt2_misfit(config):
+        raise ValueError(f"{source} cannot be imported: {problem}")
+    hf = tf.GPT2LMHeadModel.from_pretrained(source, dtype=torch.float32)
     ours = GPT(GPTConfig(vocab_size=config.vocab_size, max_seq_len=config.n_positions,
                          d_model=config.n_embd, n_layers=config.n_layer, n_heads=config.n_head))
-    return copy_weights(hf, ours, gpt2_names(config.n_layer), backwards=True).eval(), hf
+    return copy_weights(ours, hf, GPT2_NAMES, backwards=True), hf.eval()
 
 
 @contextmanager
 def atomic_folder(out):
-    """Yield a temporary folder beside `out`; it becomes `out` only if the block succeeds.
-
-    A folder already at `out` is replaced only if it holds a model (config.json) or nothing,
-    so a mistyped --out never deletes someone's files.
-    """
+    """Yield a temporary folder beside `out`, renamed to `out` only if the block succeeds.
+    Only an empty folder or a model's (config.json) is replaced: a typo deletes no one's files."""
     out = Path(out)
     if out.exists() and not (out.is_dir() and (not any(out.iterdir())
                                                or (out / "config.json").is_file())):
         raise FileExistsError(f"{out} exists and is not a model folder: pick a new --out "
                               "(an earlier export there would be replaced)")
-    tmp, old = (out.with_name(f".{out.name}.{kind}-{os.getpid()}") for kind in ("tmp", "old"))
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        if out.exists():
-            os.replace(out, old)
+        shutil.rmtree(out, ignore_errors=True)  # the old export; a reader never sees half of one
         os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def save_tokenizer(tokenizer_file, folder, max_len):
-    """Wrap our tokenizer.json for AutoTokenizer, with <|endoftext|> as bos, eos and unk."""
-    tok = transformers().PreTrainedTokenizerFast(
-        tokenizer_file=str(tokenizer_file), bos_token=EOT, eos_token=EOT, unk_token=EOT,
-        model_max_length=max_len)
-    tok.save_pretrained(folder)
-    # save_pretrained rewrites tokenizer.json with a do-nothing post-processor added; keep the
-    # original bytes instead, so an import finds the sha256 that the checkpoint recorded
+    """Our tokenizer.json for AutoTokenizer: the file, byte for byte (checkpoints record its
+    sha256), and a config naming the class and <|endoftext|>, which ends and begins stories."""
     shutil.copyfile(tokenizer_file, Path(folder) / "tokenizer.json")
-    # transformers 5 names the class TokenizersBackend; older versions (and tools built on
-    # them) know it by its old name, which transformers 5 still reads
-    config_file = Path(folder) / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    config_file.write_text(json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"},
-                                      indent=2) + "\n")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT,
+              "unk_token": EOT, "model_max_length": max_len}
+    (Path(folder) / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def build_model(kind, config):
+    """The model class `kind` (a dotted path) built from a checkpoint's config dict."""
+    if kind == GPT_CLASS:
+        return GPT(GPTConfig(**config))
+    module = importlib.import_module("tiny_llm.modern")  # step 15 loads only when needed
+    return module.ModernGPT(module.ModernConfig(**config))
 
 
 def export(checkpoint, out, data_dir=DATA_DIR):
-    """Write the checkpoint's model to the folder `out` as transformers loads it; return it."""
+    """Write the checkpoint's model to the folder `out`; return (our model, the checkpoint)."""
     ckpt = load_checkpoint(checkpoint, data_dir=data_dir)  # also: the same tokenizer as data_dir
     kind = ckpt.get("model_class", GPT_CLASS)
-    if kind != GPT_CLASS:
-        raise ValueError(f"{checkpoint} holds a {kind}; export knows {GPT_CLASS} "
-                         "(-> GPT2LMHeadModel): train one with `python -m tiny_llm.train`")
-    model = GPT(GPTConfig(**ckpt["config"]))
+    if kind not in EXPORTS:
+        raise ValueError(f"{checkpoint} holds a {kind}; export knows {' and '.join(EXPORTS)}: "
+                         "pass a checkpoint that tiny_llm.train wrote for one of them")
+    model = build_model(kind, ckpt["config"])
     model.load_state_dict(ckpt["model"])
     tokenizer_file = Path(data_dir) / "tokenizer.json"
     vocab = load_tokenizer(tokenizer_file).get_vocab_size()
     if vocab != model.config.vocab_size:
-        raise ValueError(f"the model has vocab_size {model.config.vocab_size:,} but "
-                         f"{tokenizer_file} has {vocab:,} tokens: use the data folder the "
-                         "model was trained with (--data-dir)")
+        raise ValueError(f"the model has vocab_size {model.config.vocab_size:,}, {tokenizer_file} "
+                         f"has {vocab:,} tokens: pass the model's data folder as --data-dir")
     with atomic_folder(out) as tmp:
-        to_gpt2(model).save_pretrained(tmp)
+        EXPORTS[kind](model.float()).save_pretrained(tmp)  # config.json, model.safetensors
         save_tokenizer(tokenizer_file, tmp, model.config.max_seq_len)
     return model.eval(), ckpt
 
 
 def import_gpt2(source, out):
-    """Save a GPT2LMHeadModel as our checkpoint at `out` (tokenizer.json beside it, if any).
-
-    Returns (our GPT, the transformers model, the tokenizer file or None).
-    """
+    """Save a GPT-2 as our checkpoint `out`, its tokenizer.json (if any) beside it.
+    Returns (our GPT, the transformers model, the tokenizer file or None)."""
     model, hf = from_gpt2(source)
-    try:  # the original file: a Hub download, or the one in the folder
+    try:  # the original file: the one in the folder, or the Hub's (downloaded once, cached)
         found = transformers().utils.cached_file(source, "tokenizer.json")
     except OSError:
         found = None
@@ -228,7 +244,7 @@ def max_logit_difference(model, hf, seq_len=64, seed=0):
 
 
 def greedy_both(model, hf, ids, max_new_tokens, eot_id):
-    """Greedy continuations of (1, T) `ids` by our generate and transformers' generate."""
+    """Greedy continuations (token lists) of (1, T) `ids`: tiny_llm's generate, then HF's."""
     max_new_tokens = min(max_new_tokens, model.config.max_seq_len - ids.shape[1])
     ours = generate(model, ids, max_new_tokens, temperature=0, eot_id=eot_id)
     theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -237,23 +253,21 @@ def greedy_both(model, hf, ids, max_new_tokens, eot_id):
 
 
 def report(model, hf, tokenizer, prompt, max_new_tokens):
-    """Print the logits check, and (with a tokenizer) both greedy stories."""
+    """Print the logits check, and (with a tokenizer) whether both greedy stories agree."""
     diff = max_logit_difference(model, hf)
-    verdict = "equal" if diff <= LIMIT else "close, not equal"
-    print(f"{'logits':<12} max |ours - transformers| {diff:.1e} (limit {LIMIT:.0e}): {verdict}")
-    if tokenizer is None:
-        return
-    eot_id = tokenizer.token_to_id(EOT) if tokenizer.token_to_id(EOT) is not None else 0
-    ids = torch.tensor([tokenizer.encode(prompt).ids or [eot_id]])
-    ours, theirs = greedy_both(model, hf, ids, max_new_tokens, eot_id)
-    print(f"{'greedy':<12} {len(ours) - ids.shape[1]} new tokens, tiny_llm.generate and "
-          f"transformers' generate agree: {ours == theirs}")
-    print(f"{'story':<12} {tokenizer.decode(ours)}")
+    print(f"{'logits':<12} max |ours - transformers| {diff:.1e} (limit {LIMIT:.0e}): "
+          + ("equal" if diff <= LIMIT else "close, not equal"))
+    if tokenizer is not None:
+        eot_id = tokenizer.token_to_id(EOT) or 0
+        ids = torch.tensor([tokenizer.encode(prompt).ids or [eot_id]])
+        ours, theirs = greedy_both(model, hf, ids, max_new_tokens, eot_id)
+        print(f"{'greedy':<12} {len(ours) - ids.shape[1]} new tokens, the same from tiny_llm "
+              f"and from transformers: {ours == theirs}")
+        print(f"{'story':<12} {tokenizer.decode(ours)}")
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Appendix: export to and import from "
-                                     "Hugging Face transformers.")
+    parser = argparse.ArgumentParser(description="Appendix: to and from transformers.")
     parser.add_argument("--checkpoint", help="export this ckpt.pt (from tiny_llm.train)")
     parser.add_argument("--import", dest="source", help="import this GPT-2: a Hub name (gpt2) "
                         "or a folder holding config.json and model.safetensors")
@@ -264,39 +278,31 @@ def main():
     args = parser.parse_args()
     if (args.checkpoint is None) == (args.source is None):
         parser.error("give either --checkpoint (export) or --import (import)")
-    torch.manual_seed(0)
     tf = transformers()
+    tf.utils.logging.disable_progress_bar()
     try:
         if args.checkpoint:
             model, ckpt = export(args.checkpoint, args.out, args.data_dir)
+            hf = tf.AutoModelForCausalLM.from_pretrained(args.out).eval()  # as anyone would
+            tokenizer = tf.AutoTokenizer.from_pretrained(args.out).backend_tokenizer
             print(f"{'checkpoint':<12} {args.checkpoint} ({ckpt.get('model_class', GPT_CLASS)}, "
                   f"step {ckpt['step']:,})")
-            hf = tf.AutoModelForCausalLM.from_pretrained(args.out).eval()
             print(f"{'exported':<12} {type(hf).__name__}, {model.num_params():,} parameters "
                   f"-> {args.out}")
             print(f"{'files':<12} {' '.join(sorted(os.listdir(args.out)))}")
-            tokenizer = tf.AutoTokenizer.from_pretrained(args.out).backend_tokenizer
         else:
             model, hf, tokenizer_file = import_gpt2(args.source, args.out)
+            tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file else None
             act = hf.config.activation_function
-            print(f"{'source':<12} {args.source} ({type(hf).__name__}, activation {act})")
+            approximate = " (tanh GELU; ours is exact, so logits differ a little)"
+            print(f"{'source':<12} {args.source}, {type(hf).__name__}, activation {act}"
+                  + (approximate if act in TANH_GELUS else ""))
             print(f"{'config':<12} " + " ".join(f"{k}={v}" for k, v in
                                                 asdict(model.config).items()))
-            if act in TANH_GELUS:
-                print(f"{'note':<12} {act} is the tanh approximation of GELU; our MLP computes "
-                      "the exact GELU, so the logits differ a little")
             print(f"{'saved':<12} {args.out}" + (f", {tokenizer_file}" if tokenizer_file else ""))
-            tokenizer = load_tokenizer_any(tokenizer_file)
     except (FileExistsError, FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     report(model, hf, tokenizer, args.prompt, args.max_new_tokens)
-
-
-def load_tokenizer_any(path):
-    """A `tokenizers` Tokenizer from `path` (any vocabulary, unlike load_tokenizer), or None."""
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(path)) if path is not None else None
 
 
 if __name__ == "__main__":
