@@ -10,6 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from solutions import ex17_export  # noqa: E402
 from tiny_llm.checkpoint import model_from_checkpoint, save_checkpoint  # noqa: E402
 from tiny_llm.export import (  # noqa: E402
     LIMIT,
@@ -191,3 +192,21 @@ def test_a_folder_of_other_files_is_never_replaced(tmp_path):
         with atomic_folder(tmp_path):
             pass
     assert (tmp_path / "thesis.tex").read_text() == "years of work"
+
+
+def test_exercise_1_the_file_holds_every_parameter_once_and_conv1d_transposed():
+    inventory = ex17_export.exercise_1_safetensors_inventory()
+    assert inventory["numbers"] == inventory["num_params"] and not inventory["has_lm_head"]
+    assert inventory["tensors"] == 28 and inventory["c_attn"] == (32, 96)
+    assert len(inventory["transposed"]) == 8  # c_attn, c_proj (square!), c_fc, c_proj x 2 blocks
+
+
+def test_exercise_2_matching_the_gelu_makes_a_tanh_gpt2_equal():
+    gap, where = ex17_export.exercise_2_gelu_gap()
+    assert 4.5e-4 < gap < 5e-4 and 2.6 < where < 2.8
+    before, after = ex17_export.exercise_2_tanh_gelu_import()
+    assert before > 1e-4 and after <= LIMIT
+
+
+def test_exercise_3_reordered_rows_make_the_two_ropes_agree():
+    assert ex17_export.exercise_3_rope_reorder() < 1e-12
