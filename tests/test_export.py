@@ -35,7 +35,7 @@ def scrambled(model, seed=0, std=0.3):
     return model.eval()
 
 
-def save_gpt(path, data_dir, model_class=None):
+def save_gpt(path, data_dir, model_class="tiny_llm.gpt.GPT"):
     """A checkpoint of a scrambled small GPT for the sample tokenizer, as training writes one."""
     vocab = load_tokenizer(data_dir / "tokenizer.json").get_vocab_size()
     model = scrambled(GPT(GPTConfig(vocab_size=vocab, max_seq_len=32, d_model=32, n_layers=2,
@@ -137,6 +137,14 @@ def test_tanh_gelu_weights_import_close_but_not_equal(tmp_path):
     hf = random_gpt2(tmp_path / "gpt2", activation="gelu_new")
     model, _, _ = import_gpt2(tmp_path / "gpt2", tmp_path / "ckpt.pt")
     assert LIMIT < max_logit_difference(model, hf.eval()) < 1e-2  # only the GELU differs
+
+
+def test_a_checkpoint_from_before_model_class_existed_exports_as_gpt2(sample_data_dir, tmp_path):
+    model = save_gpt(tmp_path / "ckpt.pt", sample_data_dir, model_class=None)
+    export(tmp_path / "ckpt.pt", tmp_path / "hf", data_dir=sample_data_dir)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    assert max_logit_difference(model, hf.eval(), seq_len=32) <= LIMIT
 
 
 def test_an_unknown_model_class_is_refused(sample_data_dir, tmp_path):

@@ -11,7 +11,7 @@ transformers and safetensors are an optional extra:  uv sync --extra hf
 """
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import re
@@ -23,14 +23,12 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from tiny_llm.checkpoint import load_checkpoint, save_checkpoint
+from tiny_llm.checkpoint import MODELS, build_model, class_path, load_checkpoint, save_checkpoint
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256
 
-GPT_CLASS = "tiny_llm.gpt.GPT"  # what a checkpoint without "model_class" holds
-MODERN_CLASS = "tiny_llm.modern.ModernGPT"  # step 15; imported only when a checkpoint holds one
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # real GPT-2 uses gelu_new
 LIMIT = 1e-5  # largest |logit difference| that counts as the same model, in float32
 
@@ -50,9 +48,10 @@ LLAMA_NAMES = [(r"^tok_emb", "model.embed_tokens"), (r"^norm", "model.norm"),
 
 def transformers():
     """The transformers package, or a clear error saying how to install it (an extra)."""
-    if importlib.util.find_spec("transformers") is None:
-        raise SystemExit("error: export and import need transformers: `uv sync --extra hf`")
-    return importlib.import_module("transformers")
+    try:
+        return importlib.import_module("transformers")
+    except ImportError:
+        raise SystemExit("error: export and import need transformers: uv sync --extra hf") from None
 
 
 def hf_name(name, rules):
@@ -119,7 +118,7 @@ def to_llama(model):
     return copy_weights(model, tf.LlamaForCausalLM(config), LLAMA_NAMES)
 
 
-EXPORTS = {GPT_CLASS: to_gpt2, MODERN_CLASS: to_llama}
+EXPORTS = {MODELS["gpt"]: to_gpt2, MODELS["modern"]: to_llama}  # by the class a checkpoint names
 
 
 def gpt2_misfit(c):
@@ -133,8 +132,7 @@ def gpt2_misfit(c):
                "it scales attention differently (see scale_attn_* in its config.json)"),
               (c.activation_function in ("gelu", *TANH_GELUS),
                f"its activation is {c.activation_function!r}, ours is GELU"),
-              (c.tie_word_embeddings, "its output head is not tied to its token embedding, "
-               "and ours is (step 08)")]
+              (c.tie_word_embeddings, "its output head is not tied to wte; ours is (step 08)")]
     return next((problem for ok, problem in checks if not ok), None)
 
 
@@ -187,22 +185,14 @@ def save_tokenizer(tokenizer_file, folder, max_len):
     (Path(folder) / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def build_model(kind, config):
-    """The model class `kind` (a dotted path) built from a checkpoint's config dict."""
-    if kind == GPT_CLASS:
-        return GPT(GPTConfig(**config))
-    module = importlib.import_module("tiny_llm.modern")  # step 15 loads only when needed
-    return module.ModernGPT(module.ModernConfig(**config))
-
-
 def export(checkpoint, out, data_dir=DATA_DIR):
     """Write the checkpoint's model to the folder `out`; return (our model, the checkpoint)."""
     ckpt = load_checkpoint(checkpoint, data_dir=data_dir)  # also: the same tokenizer as data_dir
-    kind = ckpt.get("model_class", GPT_CLASS)
+    kind = ckpt.get("model_class", MODELS["gpt"])  # older checkpoints all hold a GPT
     if kind not in EXPORTS:
         raise ValueError(f"{checkpoint} holds a {kind}; export knows {' and '.join(EXPORTS)}: "
                          "pass a checkpoint that tiny_llm.train wrote for one of them")
-    model = build_model(kind, ckpt["config"])
+    model = build_model(kind, ckpt["config"])  # step 15's module is imported only if named
     model.load_state_dict(ckpt["model"])
     tokenizer_file = Path(data_dir) / "tokenizer.json"
     vocab = load_tokenizer(tokenizer_file).get_vocab_size()
@@ -230,7 +220,7 @@ def import_gpt2(source, out):
     save_checkpoint(out, {
         "model": model.state_dict(), "config": asdict(model.config), "step": 0,
         "tokenizer_sha256": tokenizer_sha256(tokenizer_file) if found else "none",
-        "data_source": f"imported from {source}", "model_class": GPT_CLASS})
+        "data_source": f"imported from {source}", "model_class": class_path(model)})
     return model, hf, tokenizer_file
 
 
@@ -285,7 +275,7 @@ def main():
             model, ckpt = export(args.checkpoint, args.out, args.data_dir)
             hf = tf.AutoModelForCausalLM.from_pretrained(args.out).eval()  # as anyone would
             tokenizer = tf.AutoTokenizer.from_pretrained(args.out).backend_tokenizer
-            print(f"{'checkpoint':<12} {args.checkpoint} ({ckpt.get('model_class', GPT_CLASS)}, "
+            print(f"{'checkpoint':<12} {args.checkpoint} ({class_path(model)}, "
                   f"step {ckpt['step']:,})")
             print(f"{'exported':<12} {type(hf).__name__}, {model.num_params():,} parameters "
                   f"-> {args.out}")
