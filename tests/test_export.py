@@ -1,6 +1,7 @@
 """The appendix: export to transformers and import from it, proven equal; all offline."""
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the Hub
 
@@ -18,6 +19,7 @@ from tiny_llm.export import (  # noqa: E402
     export,
     greedy_both,
     import_gpt2,
+    main,
     max_logit_difference,
 )
 from tiny_llm.generate import complete  # noqa: E402
@@ -218,3 +220,11 @@ def test_exercise_2_matching_the_gelu_makes_a_tanh_gpt2_equal():
 
 def test_exercise_3_reordered_rows_make_the_two_ropes_agree():
     assert ex17_export.exercise_3_rope_reorder() < 1e-12
+
+
+def test_the_command_says_what_it_saw_and_what_to_do(tmp_path, monkeypatch):
+    (tmp_path / "notes.txt").write_text("not a model")
+    monkeypatch.setattr(sys, "argv", ["export", "--import", str(tmp_path), "--out", "c.pt"])
+    with pytest.raises(SystemExit, match=r"^error: .* is not a Hugging Face model folder .*"
+                                         r"pass one that save_pretrained wrote"):
+        main()

@@ -289,7 +289,8 @@ def main():
                   + (approximate if act in TANH_GELUS else ""))
             print(f"{'config':<12} " + " ".join(f"{k}={v}" for k, v in
                                                 asdict(model.config).items()))
-            print(f"{'saved':<12} {args.out}" + (f", {tokenizer_file}" if tokenizer_file else ""))
+            print(f"{'saved':<12} {args.out}, {model.num_params():,} parameters"
+                  + (f"; {tokenizer_file}" if tokenizer_file else "; no tokenizer found"))
     except (FileExistsError, FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     report(model, hf, tokenizer, args.prompt, args.max_new_tokens)
