@@ -177,7 +177,7 @@ def test_other_architectures_and_shapes_are_refused(tmp_path):
     llama = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
                                      num_hidden_layers=1, num_attention_heads=2)
     transformers.LlamaForCausalLM(llama).save_pretrained(tmp_path / "llama")
-    with pytest.raises(ValueError, match=r"it is a 'llama' model, and only GPT-2"):
+    with pytest.raises(ValueError, match=r"cannot be imported: it is a 'llama' model; only GPT-2"):
         import_gpt2(tmp_path / "llama", tmp_path / "ckpt.pt")
     random_gpt2(tmp_path / "wide", n_inner=200)
     with pytest.raises(ValueError, match=r"its MLP is 200 wide, ours is always 4 x n_embd = 96"):

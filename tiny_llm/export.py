@@ -24,6 +24,7 @@ import torch
 from tokenizers import Tokenizer
 
 from tiny_llm.checkpoint import MODELS, build_model, class_path, load_checkpoint, save_checkpoint
+from tiny_llm.files import atomic_path
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.paths import DATA_DIR
@@ -124,8 +125,7 @@ EXPORTS = {MODELS["gpt"]: to_gpt2, MODELS["modern"]: to_llama}  # by the class a
 def gpt2_misfit(c):
     """What in the transformers config `c` our GPT cannot hold, or None."""
     if c.model_type != "gpt2":
-        return (f"it is a {c.model_type!r} model, and only GPT-2 (model_type 'gpt2', the "
-                "architecture of step 08) can be imported")
+        return f"it is a {c.model_type!r} model; only GPT-2 ('gpt2', step 08's design) fits"
     checks = [(c.n_inner in (None, 4 * c.n_embd),
                f"its MLP is {c.n_inner} wide, ours is always 4 x n_embd = {4 * c.n_embd}"),
               (c.scale_attn_weights and not c.scale_attn_by_inverse_layer_idx,
@@ -215,8 +215,8 @@ def import_gpt2(source, out):
         found = None
     tokenizer_file = Path(out).with_name("tokenizer.json") if found else None
     if found:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(found, tokenizer_file)
+        with atomic_path(tokenizer_file) as tmp:
+            shutil.copyfile(found, tmp)
     save_checkpoint(out, {
         "model": model.state_dict(), "config": asdict(model.config), "step": 0,
         "tokenizer_sha256": tokenizer_sha256(tokenizer_file) if found else "none",
