@@ -228,3 +228,25 @@ def test_the_command_says_what_it_saw_and_what_to_do(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"^error: .* is not a Hugging Face model folder .*"
                                          r"pass one that save_pretrained wrote"):
         main()
+
+
+def test_a_modern_gpt_exports_as_llama_with_equal_logits_and_story(sample_data_dir, tmp_path):
+    from tiny_llm.modern import ModernConfig, ModernGPT
+
+    vocab = load_tokenizer(sample_data_dir / "tokenizer.json").get_vocab_size()
+    torch.manual_seed(0)
+    config = ModernConfig(vocab_size=vocab, max_seq_len=32, d_model=48, n_layers=2, n_heads=4,
+                          n_kv_heads=2, d_ff=96, rope_theta=500.0, tie_embeddings=False)
+    model = scrambled(ModernGPT(config), std=0.1)
+    save_checkpoint(tmp_path / "ckpt.pt", {
+        "model": model.state_dict(), "config": asdict(config), "step": 3,
+        "tokenizer_sha256": tokenizer_sha256(sample_data_dir / "tokenizer.json"),
+        "model_class": "tiny_llm.modern.ModernGPT"})
+    export(tmp_path / "ckpt.pt", tmp_path / "hf", data_dir=sample_data_dir)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.num_key_value_heads == 2
+    assert max_logit_difference(model, hf, seq_len=32) <= LIMIT
+    ids = torch.tensor([transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").encode(
+        "Once upon a time")])
+    ours, theirs = greedy_both(model, hf, ids, 28, eot_id=0)
+    assert len(set(ours[4:])) >= 3 and ours == theirs

@@ -9,6 +9,7 @@ Step 10's training loop uses it; `--time-budget 10m` on its command line.
 """
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -32,10 +33,10 @@ def parse_duration(text):
 
 
 def pace_steps(cfg):
-    """How many updates measure the pace of a budgeted run. They lie within the warmup, whose
+    """How many updates measure the pace of a budgeted run: the warmup's, up to 100. Warmup
     learning rates do not depend on the step count, so fixing the count after them changes
     nothing already done."""
-    return max(1, min(20, cfg.warmup_steps))
+    return max(1, min(100, cfg.warmup_steps))
 
 
 def budget_steps(cfg, step, seconds, step_seconds, eval_seconds):
@@ -50,11 +51,13 @@ def budget_steps(cfg, step, seconds, step_seconds, eval_seconds):
     return min(cfg.max_steps or math.inf, step + more)
 
 
-def fit_budget(cfg, step, records, step_times):
+def fit_budget(cfg, step, records):
     """cfg with max_steps fixed so that the run ends when cfg.time_budget does; saved with the
-    run, so --resume continues to the same count. The first two updates are left out of the
-    pace: they include one-off costs (allocation, torch.compile)."""
-    pace = statistics.median(step_times[2:] or step_times)
+    run, so --resume continues to the same count. The pace is the median wall time from one
+    step's record to the next, so everything the loop does per step counts; the first two are
+    left out: they include one-off costs (allocation, torch.compile)."""
+    times = [r["time_s"] for r in records if r["step"] > 0]
+    pace = statistics.median([b - a for a, b in itertools.pairwise(times)][2:] or [times[-1]])
     eval_s = next((r["eval_s"] for r in records if "eval_s" in r), 0.0)  # old logs lack it
     steps = budget_steps(cfg, step, records[-1]["time_s"], pace, eval_s)
     if steps == cfg.max_steps:

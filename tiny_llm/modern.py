@@ -114,9 +114,10 @@ class ModernConfig:
 
 
 # Step 08's sizes with SwiGLU at equal MLP weights (d_ff = swiglu_size(d_model)) and half the
-# k/v heads: "tiny" for tests, "small" for the main job on a CPU, "gpu" for one data-centre GPU.
+# k/v heads: "tiny" for tests, "cpu" for the main job on a CPU, "gpu" for one data-centre GPU.
 PRESETS = {
     "tiny": ModernConfig(max_seq_len=64, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=176),
+    "cpu": ModernConfig(max_seq_len=64, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=344),
     "small": ModernConfig(max_seq_len=256, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
                           d_ff=344),
     "medium": ModernConfig(max_seq_len=256, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2,

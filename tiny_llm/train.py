@@ -36,7 +36,6 @@ from tiny_llm.data import ensure_data, get_batch, load_token_array
 from tiny_llm.device import autocast, kept_memory, pick_device, seed_everything
 from tiny_llm.files import atomic_path
 from tiny_llm.generate import story_from_checkpoint
-from tiny_llm.gpt import DEFAULT_PRESET
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
 from tiny_llm.processes import ONE_PROCESS
 from tiny_llm.tokenize import tokenizer_sha256
@@ -47,16 +46,16 @@ class TrainConfig:
     """Everything that defines a run. It is saved in the checkpoint, so --resume reuses it."""
 
     model: str = "gpt"  # which model: gpt (step 08) or modern (step 15)
-    preset: str = DEFAULT_PRESET  # the model size, a name in that model's presets
+    preset: str = "cpu"  # the model size, a name in that model's presets (step 08: tiny...gpu)
     dropout: float = 0.0  # the model's dropout; 0.1 helps a long run on a small corpus
-    time_budget: float = 570.0  # seconds of training, evaluations included (0: no budget)
+    time_budget: float = 540.0  # seconds of training, evaluations included (0: no budget)
     max_steps: int = 0  # optimizer updates (0: as many as fit the time budget)
     out: str | None = None  # folder for ckpt.pt and log.jsonl (default runs/<preset>)
     resume: bool = False  # continue the run saved in out/ckpt.pt
     batch_size: int = 16  # windows of max_seq_len tokens per micro-batch
     grad_accum: int = 1  # micro-batches per update: the update sees batch_size·grad_accum windows
-    lr: float = 2e-3  # peak learning rate, reached at the end of warmup
-    min_lr: float = 2e-4  # the floor the cosine decays to
+    lr: float = 3e-3  # peak learning rate, reached at the end of warmup
+    min_lr: float = 3e-4  # the floor the cosine decays to
     warmup_steps: int = 100
     lr_decay_steps: int = 0  # where the cosine reaches min_lr (0: at max_steps)
     weight_decay: float = 0.1
@@ -262,7 +261,6 @@ def train(cfg, parallel=ONE_PROCESS):
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     # the step count is still open: a budget, and a --max-steps (if any) beyond the pace steps
     pacing = cfg.time_budget > 0 and step < pace_steps(cfg) < (cfg.max_steps or math.inf)
-    step_times = []
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
                disable=None if parallel.rank == 0 else True)
     with stop_on_ctrl_c() as stop, kept_memory(device.type == "cpu"):  # step 13 explains it
@@ -276,13 +274,12 @@ def train(cfg, parallel=ONE_PROCESS):
             loss = update(model, optimizer, train_data, cfg, device, data_gen, lr, step,
                           parallel=parallel)
             step += 1
-            step_times.append(time.perf_counter() - t0)
             records.append({"step": step, "train_loss": loss, "lr": lr,
-                            "tokens_per_s": tokens_per_step / step_times[-1],  # the update alone
+                            "tokens_per_s": tokens_per_step / (time.perf_counter() - t0),
                             "tokens": step * tokens_per_step,
                             "time_s": time.perf_counter() - clock})
             if pacing and step == pace_steps(cfg):  # fix the step count from the pace so far
-                pacing, cfg = False, fit_budget(cfg, step, records, step_times)
+                pacing, cfg = False, fit_budget(cfg, step, records)
                 cfg = replace(cfg, max_steps=round(parallel.mean(cfg.max_steps)))  # ranks agree
                 bar.total = cfg.max_steps
             bar.update()
