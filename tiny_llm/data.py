@@ -145,7 +145,8 @@ def encode_to_files(tokenizer, pairs, paths, progress=True):
             while batch := list(itertools.islice(stories, BATCH_STORIES)):
                 encodings = encode_batch(batch)  # in Rust, on every core
                 ids = itertools.chain.from_iterable((*e.ids, 0) for e in encodings)  # 0 is EOT
-                (ids := np.fromiter(ids, dtype=np.uint16)).tofile(files[split])
+                ids = np.fromiter(ids, dtype=np.uint16)
+                ids.tofile(files[split])
                 counts[split].update(stories=len(batch), tokens=len(ids),
                                      bytes=sum(len(story.encode("utf-8")) for story in batch))
                 bar.update(len(batch))
@@ -182,7 +183,7 @@ def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SI
     return meta
 
 
-def missing_files(data_dir=DATA_DIR):
+def missing_files(data_dir=DATA_DIR):  # the prepared files that are not there
     return [name for name in FILES if not (Path(data_dir) / name).is_file()]
 
 
