@@ -113,8 +113,7 @@ class ModernConfig:
                              f"{self.norm_eps}")
 
 
-# Step 08's sizes with SwiGLU at equal MLP weights (d_ff = swiglu_size(d_model)) and half the
-# k/v heads: "tiny" for tests, "cpu" for the main job on a CPU, "gpu" for one data-centre GPU.
+# Step 08's sizes, SwiGLU at equal MLP weights (d_ff = swiglu_size(d_model)), half the k/v heads.
 PRESETS = {
     "tiny": ModernConfig(max_seq_len=64, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=176),
     "cpu": ModernConfig(max_seq_len=64, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=344),
