@@ -33,7 +33,7 @@ from tiny_llm.block import MLP, init_weights
 from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import seed_everything
 from tiny_llm.evaluate import bits_per_byte, evaluate_loss
-from tiny_llm.files import atomic_path
+from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
@@ -147,8 +147,7 @@ def plot(paths, out):
     ax.set(xticks=range(len(rows)), xticklabels=rows, ylim=(low - 0.02, high + 0.02),
            ylabel="val bits per byte (lower is better)",
            title="From step 08's GPT to ModernGPT, one change per row (dots: seeds)")
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=80, metadata={"Software": None})
+    save_figure(fig, out, dpi=80)
     return out
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from tiny_llm.data import DATA_DIR, NextTokenDataset, get_batch, load_meta, load_token_array
-from tiny_llm.files import atomic_path
+from tiny_llm.files import save_figure
 from tiny_llm.tokenize import load_tokenizer
 
 
@@ -81,8 +81,7 @@ def exercise_5_plot_token_ranks(path, data_dirs=(DATA_DIR,)):
     ax.set(xlabel="rank of the token (1 = most common)", ylabel="count in train.bin",
            title="token counts by rank")
     ax.legend()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=80, metadata={"Software": None})
+    save_figure(fig, path, dpi=80)
     return path
 
 

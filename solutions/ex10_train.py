@@ -8,7 +8,7 @@ import argparse
 
 import torch
 
-from tiny_llm.files import atomic_path
+from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.train import TrainConfig, lr_at, param_groups
 
@@ -81,9 +81,7 @@ def plot_lr_schedule(path, cfg=None):
     ax.set(xlabel="step", ylabel="learning rate", title="linear warmup, then cosine decay")
     ax.legend()
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from tiny_llm.files import atomic_path  # noqa: E402
+from tiny_llm.files import save_figure  # noqa: E402
 from tiny_llm.gpt import GPT, PRESETS  # noqa: E402
 from tiny_llm.scale import crossover_tokens, ring_bytes  # noqa: E402
 
@@ -97,9 +97,7 @@ def plot_ring(path, n=4):
         ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=7)
     fig.suptitle(f"ring all-reduce on {n} ranks: how many ranks' gradients each chunk holds")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def main():

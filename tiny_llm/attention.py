@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from tiny_llm.device import seed_everything
 from tiny_llm.embed import SinusoidalPositions
-from tiny_llm.files import atomic_path
+from tiny_llm.files import save_figure
 from tiny_llm.paths import RUNS_DIR
 
 
@@ -90,8 +90,7 @@ def plot_weights(weights, path):
     ax.set(xlabel="key position s (looked at)", ylabel="query position t (looking)",
            title="causal attention weights, untrained head", xticks=range(T), yticks=range(T))
     fig.colorbar(image, ax=ax)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+    save_figure(fig, path, dpi=100)
     return path
 
 

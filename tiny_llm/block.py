@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tiny_llm.device import seed_everything
-from tiny_llm.files import atomic_path
+from tiny_llm.files import save_figure
 from tiny_llm.multihead import MultiHeadAttention
 
 
@@ -141,8 +141,7 @@ def plot_stds(plain, scaled, path):
     ax.set(xlabel="after block", ylabel="std of the residual stream", ylim=(0, None),
            title=f"Residual stream at initialisation, {len(plain)} blocks, d_model 128")
     ax.legend(loc="upper left")
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+    save_figure(fig, path, dpi=100)
     return path
 
 

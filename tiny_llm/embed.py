@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from tiny_llm.device import seed_everything
-from tiny_llm.files import atomic_path
+from tiny_llm.files import save_figure
 from tiny_llm.paths import RUNS_DIR
 
 
@@ -143,8 +143,7 @@ def plot_sinusoidal(path, max_len=256, d_model=128):
         curves.plot(table[:128, col], label=f"dim {col} (wavelength {wavelength:.0f})")
     curves.set(xlabel="position t", ylabel="value", title="sin columns: slower as dim grows")
     curves.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, fontsize=8)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=80, metadata={"Software": None})
+    save_figure(fig, path, dpi=80)
     return path
 
 

@@ -21,7 +21,7 @@ import torch
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import pick_device
-from tiny_llm.files import atomic_path
+from tiny_llm.files import save_figure
 from tiny_llm.generate import DEFAULTS, generate
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import load_tokenizer
@@ -94,8 +94,7 @@ def plot_loss_curve(records, path, title="training run"):
     ax.set(xlabel="step", ylabel="loss (nats per token)", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
-    with atomic_path(path) as tmp:  # Software=None: no version stamp, the same bytes every run
-        fig.savefig(tmp, format="png", dpi=80, metadata={"Software": None})
+    save_figure(fig, path, dpi=80)
     return Path(path)
 
 

@@ -27,3 +27,17 @@ def atomic_path(path):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def save_figure(fig, path, dpi=80):
+    """Save a matplotlib figure as a PNG, atomically and with the same bytes on every run.
+
+    PNG files normally carry a "Software" stamp with matplotlib's version; leaving it out means
+    a re-run that draws the same picture writes the same file. The figure is closed afterwards.
+    """
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None})
+    plt.close(fig)
+    return Path(path)

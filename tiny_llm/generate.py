@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.device import pick_device
-from tiny_llm.files import atomic_path
+from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import load_tokenizer
@@ -155,9 +155,7 @@ def plot_sampling(path):
         ax.tick_params(axis="x", rotation=60)
     axes[0].set_ylabel('p(next word | "The cat sat on the")')
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def parse_args():

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from tiny_llm.embed import sinusoidal_table
-from tiny_llm.files import atomic_path
+from tiny_llm.files import save_figure
 
 
 class LearnedPositionalEncoding(nn.Module):
@@ -134,13 +134,6 @@ def alibi_bias(n_heads, T):
 # Pictures (matplotlib is imported inside each: only drawing needs it)
 
 
-def save(fig, path):
-    """Write a matplotlib Figure to `path` as PNG, atomically, with no version stamp inside."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=80, metadata={"Software": None})
-    return path
-
-
 def plot_signals(path, T=128, d_model=64, n_heads=4):
     """Each scheme's position signal as a heat map over positions t."""
     from matplotlib.figure import Figure  # imported here: only the pictures need it
@@ -161,7 +154,7 @@ def plot_signals(path, T=128, d_model=64, n_heads=4):
         ax.set(title=title, xlabel="position t", ylabel=ylabel)
         ax.yaxis.get_major_locator().set_params(integer=True)
         fig.colorbar(shown, ax=ax)
-    return save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_similarity(path, T=128, d_model=64, n_heads=4):
@@ -192,7 +185,7 @@ def plot_similarity(path, T=128, d_model=64, n_heads=4):
     curves.set(title="similarity of positions p and p + k", xlabel="distance k",
                ylabel="cosine, or ALiBi's weight factor")
     curves.legend(fontsize=8, loc="center left", bbox_to_anchor=(1, 0.5))
-    return save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_alibi(path, T=12, n_heads=4):
@@ -208,7 +201,7 @@ def plot_alibi(path, T=12, n_heads=4):
         ax.set(title=f"head {h}: slope 1/{1 / slope:g}", xlabel="key j", ylabel="query i")
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle("ALiBi bias -slope·(i - j) added to the scores (blank: masked, j > i)")
-    return save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_rope(path, head_size=16, T=8):
@@ -239,7 +232,7 @@ def plot_rope(path, head_size=16, T=8):
                      label=f"query at {p}, key at {p} - offset")
     axes[2].set(title="q·k after RoPE: the curves coincide", xlabel="offset", ylabel="q·k")
     axes[2].legend(fontsize=8)
-    return save(fig, path)
+    return save_figure(fig, path)
 
 
 def draw_figures(folder):
