@@ -2,14 +2,14 @@
 
 Every row keeps the changes above it and adds one:
 
-    gpt            step 08's GPT, the main job's "small" size and recipe
+    gpt            step 08's GPT at the main job's size ("cpu": context 64) and recipe
     +rmsnorm       RMSNorm instead of LayerNorm (learned positions, GELU MLP, biases: as before)
     +rope          RoPE in every attention instead of the learned position table
     +swiglu        SwiGLU (d_ff = 344) instead of the 4·d GELU MLP: the same number of weights
     +no-bias       no bias in any linear layer
     +gqa           2 key/value heads for the 4 query heads
     +untied        an output head of its own instead of reusing tok_emb (this is ModernGPT
-                   with tie_embeddings=False; the row above is ModernGPT's "small" preset)
+                   with tie_embeddings=False; the row above is ModernGPT's preset)
 
 Each row trains for the same budget of CPU seconds (one thread, so a busy machine slows the
 wall clock but not the budget), its learning-rate schedule sized to end when the budget does,
@@ -50,10 +50,10 @@ def add_biases(model):
     return model
 
 
-def build(row, vocab_size):
-    """The model of one row, freshly initialised (seed it first)."""
-    gpt_config = replace(GPT_PRESETS["small"], vocab_size=vocab_size)
-    modern = replace(PRESETS["small"], vocab_size=vocab_size)
+def build(row, vocab_size, preset="cpu"):
+    """The model of one row at a preset's size, freshly initialised (seed it first)."""
+    gpt_config = replace(GPT_PRESETS[preset], vocab_size=vocab_size)
+    modern = replace(PRESETS[preset], vocab_size=vocab_size)
     if row in ("gpt", "+rmsnorm"):
         model = GPT(gpt_config)
         if row == "+rmsnorm":  # RMSNorm's gain starts at 1, as LayerNorm's does: no re-init
@@ -97,7 +97,7 @@ def train_for(model, data, seconds, cfg):
 def run_row(row, seed, args, meta, train_data, valid_data):
     """Train and score one row with one seed; returns the record of the table."""
     seed_everything(seed)
-    model = build(row, meta["vocab_size"])
+    model = build(row, meta["vocab_size"], args.preset)
     cfg = replace(TrainConfig(), seed=seed, dtype="float32", lr=args.lr, min_lr=args.lr / 10)
     steps, cpu_s, wall_s, train_loss = train_for(model, train_data, args.seconds, cfg)
     tokens = steps * cfg.batch_size * model.config.max_seq_len
@@ -158,6 +158,8 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     parser.add_argument("--lr", type=float, default=TrainConfig.lr)
+    parser.add_argument("--preset", default=TrainConfig.preset, choices=sorted(PRESETS),
+                        help="the size of every row (both models have it)")
     parser.add_argument("--out", default="ablation.jsonl", help="one JSON line per run, appended")
     parser.add_argument("--report", nargs="+", metavar="JSONL", help="print the table and stop")
     parser.add_argument("--plot", metavar="PNG", help="with --report: also draw the table")

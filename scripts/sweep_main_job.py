@@ -44,6 +44,13 @@ ROWS = {  # name: (model shape, TrainConfig changes)
     "t64-wd0.3": (NANO, {"weight_decay": 0.3}),
     "t64-vocab2048": (NANO, {}),
     "t64-compile": (NANO, {"compile": True}),
+    # step 15's ModernGPT at the same size (RoPE, RMSNorm, SwiGLU at equal weights, no biases)
+    "modern-t64": ({**NANO, "n_kv_heads": 4, "d_ff": 344}, {"model": "modern", "lr": 3e-3,
+                                                            "min_lr": 3e-4}),
+    "modern-t64-gqa": ({**NANO, "n_kv_heads": 2, "d_ff": 344}, {"model": "modern", "lr": 3e-3,
+                                                                "min_lr": 3e-4}),
+    "t64-lr3e-3-drop0.1": (NANO, {"lr": 3e-3, "min_lr": 3e-4, "dropout": 0.1}),
+    "t64-lr3e-3-min0": (NANO, {"lr": 3e-3, "min_lr": 0.0}),
 }
 
 
@@ -51,11 +58,12 @@ def run_row(name, data_dir, budget, out_dir):
     """Train row `name` for `budget` seconds, score it; return its result dict."""
     from tiny_llm.data import load_meta, load_token_array
     from tiny_llm.evaluate import bits_per_byte, evaluate_loss
-    from tiny_llm.gpt import PRESETS, GPTConfig
+    from tiny_llm.checkpoint import model_class
     from tiny_llm.train import TrainConfig, train
 
     shape, changes = ROWS[name]
-    PRESETS[f"sweep-{name}"] = GPTConfig(**shape)  # this process only: the row's shape by name
+    cls = model_class(changes.get("model", "gpt"))
+    cls.presets[f"sweep-{name}"] = cls.config_class(**shape)  # this process only: the row's shape
     cfg = replace(TrainConfig(preset=f"sweep-{name}", time_budget=budget, data_dir=str(data_dir),
                               out=str(out_dir / name), device="cpu"), **changes)
     start = time.perf_counter()
