@@ -7,6 +7,7 @@ Every row keeps the changes above it and adds one:
     +rope          RoPE in every attention instead of the learned position table
     +swiglu        SwiGLU (d_ff = 344) instead of the 4·d GELU MLP: the same number of weights
     +no-bias       no bias in any linear layer
+    +muon          step 15's MuonAdamW instead of AdamW: Muon for the matrices inside the blocks
     +gqa           2 key/value heads for the 4 query heads
     +untied        an output head of its own instead of reusing tok_emb (this is ModernGPT
                    with tie_embeddings=False; the row above is ModernGPT's preset)
@@ -37,9 +38,10 @@ from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
+from tiny_llm.muon import MuonAdamW, muon_groups
 from tiny_llm.train import TrainConfig, lr_at, param_groups, update
 
-ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+gqa", "+untied")
+ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+muon", "+gqa", "+untied")
 
 
 def add_biases(model):
@@ -61,7 +63,7 @@ def build(row, vocab_size, preset="cpu"):
                 block.ln_1, block.ln_2 = RMSNorm(modern.d_model), RMSNorm(modern.d_model)
             model.ln_f = RMSNorm(modern.d_model)
         return model
-    if row in ("+rope", "+swiglu", "+no-bias"):
+    if row in ("+rope", "+swiglu", "+no-bias", "+muon"):
         modern = replace(modern, n_kv_heads=modern.n_heads)  # plain multi-head attention
     if row == "+untied":
         modern = replace(modern, tie_embeddings=False)
@@ -72,10 +74,13 @@ def build(row, vocab_size, preset="cpu"):
     return add_biases(model) if row in ("+rope", "+swiglu") else model
 
 
-def train_for(model, data, seconds, cfg):
+def train_for(model, data, seconds, cfg, muon=False):
     """Train for `seconds` of this process's CPU time; return (steps, cpu s, wall s, loss)."""
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                                  betas=(0.9, 0.95))
+    if muon:
+        optimizer = MuonAdamW(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
+    else:
+        optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                                      betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(cfg.seed)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     step, total, warmup, losses = 0, 10**9, 100, []
@@ -99,7 +104,8 @@ def run_row(row, seed, args, meta, train_data, valid_data):
     seed_everything(seed)
     model = build(row, meta["vocab_size"], args.preset)
     cfg = replace(TrainConfig(), seed=seed, dtype="float32", lr=args.lr, min_lr=args.lr / 10)
-    steps, cpu_s, wall_s, train_loss = train_for(model, train_data, args.seconds, cfg)
+    muon = ROWS.index(row) >= ROWS.index("+muon")  # every row from +muon on trains with Muon
+    steps, cpu_s, wall_s, train_loss = train_for(model, train_data, args.seconds, cfg, muon)
     tokens = steps * cfg.batch_size * model.config.max_seq_len
     scored = evaluate_loss(model, valid_data)
     bpb = bits_per_byte(scored["loss"], meta["valid"]["tokens"], meta["valid"]["bytes"])

@@ -335,6 +335,7 @@ def test_ablation_rows_add_one_change_each():
     models = {row: ablation.build(row, 4096) for row in ablation.ROWS}
     params = {row: m.num_params() for row, m in models.items()}
     assert params["+gqa"] == ModernGPT(PRESETS["cpu"]).num_params()  # the main job's size
+    assert params["+muon"] == params["+no-bias"]  # the same model, another optimizer
     assert params["+untied"] - params["+gqa"] == 4096 * 128
     assert params["+rope"] == params["+rmsnorm"] - 64 * 128  # the position table is gone
     assert abs(params["+swiglu"] - params["+rope"]) < 0.01 * params["+rope"]
