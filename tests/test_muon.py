@@ -95,3 +95,27 @@ def test_state_dict_round_trip_continues_exactly():
 def test_a_vector_in_a_muon_group_is_refused():
     with pytest.raises(ValueError, match="2-D weight matrices only"):
         MuonAdamW([{"params": [torch.zeros(4, requires_grad=True)], "muon": True}])
+
+
+def test_the_main_job_trains_with_muon_and_resumes_exactly(sample_data_dir, tmp_path):
+    import json
+
+    from tiny_llm.train import TrainConfig, train
+
+    def run(out, **changes):
+        cfg = TrainConfig(model="modern", preset="tiny", optimizer="muon", max_steps=4,
+                          time_budget=0, batch_size=4, warmup_steps=1, eval_interval=2,
+                          eval_iters=1, data_dir=str(sample_data_dir), out=str(out), device="cpu")
+        return train(replace(cfg, **changes))
+
+    def losses(out):
+        lines = (out / "log.jsonl").read_text().splitlines()
+        return [json.loads(line)["train_loss"] for line in lines]
+
+    run(tmp_path / "whole")
+    run(tmp_path / "split", max_steps=2, lr_decay_steps=4)
+    run(tmp_path / "split", resume=True, lr_decay_steps=4)
+    assert losses(tmp_path / "split") == losses(tmp_path / "whole")  # identical, not close
+    assert losses(tmp_path / "whole")[-1] < losses(tmp_path / "whole")[0]
+    with pytest.raises(ValueError, match="optimizer must be adamw or muon, got 'sgd'"):
+        run(tmp_path / "bad", optimizer="sgd")

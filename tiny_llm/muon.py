@@ -62,6 +62,14 @@ def muon_groups(model, weight_decay):
             {"params": groups["gains"], "muon": False, "weight_decay": 0.0}]
 
 
+def muon_adamw(model, cfg):
+    """The optimizer step 10's loop builds for `--optimizer muon`, from its TrainConfig."""
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        raise ValueError("--optimizer muon needs whole matrices, and FSDP2 (step 16) shards "
+                         "them: train with DDP (no --fsdp) or with --optimizer adamw")
+    return MuonAdamW(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on the groups marked "muon": True, AdamW on the others; one state, one step.
 

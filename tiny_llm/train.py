@@ -10,6 +10,7 @@ A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 
 """
 
 import argparse
+import importlib
 import json
 import math
 import sys
@@ -59,6 +60,7 @@ class TrainConfig:
     warmup_steps: int = 100
     lr_decay_steps: int = 0  # where the cosine reaches min_lr (0: at max_steps)
     weight_decay: float = 0.1
+    optimizer: str = "adamw"  # adamw, or muon: step 15's Muon for the matrices in the blocks
     grad_clip: float = 1.0  # largest gradient norm allowed (0: no clipping)
     eval_interval: int = 200  # evaluate on valid.bin and save a checkpoint every this many steps
     eval_iters: int = 20  # batches per evaluation
@@ -75,6 +77,8 @@ def check_config(cfg):
     if cfg.preset not in presets:
         raise ValueError(f"unknown preset {cfg.preset!r} for --model {cfg.model}: choose one of "
                          f"{', '.join(presets)}")
+    if cfg.optimizer not in ("adamw", "muon"):
+        raise ValueError(f"optimizer must be adamw or muon, got {cfg.optimizer!r}")
     if cfg.dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
     if cfg.max_steps == 0 and not cfg.time_budget > 0:
@@ -112,6 +116,15 @@ def param_groups(model, weight_decay):
     params = [p for p in model.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def make_optimizer(model, cfg, device):
+    """AdamW, fused: the whole update in one kernel per parameter group (CPU and CUDA), same
+    math. --optimizer muon names step 15's optimizer, imported by name (course order)."""
+    if cfg.optimizer == "muon":
+        return importlib.import_module("tiny_llm.muon").muon_adamw(model, cfg)
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95),
+                             fused=device.type in ("cpu", "cuda"))
 
 
 @torch.no_grad()
@@ -163,9 +176,7 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     if cfg.compile:
         model.compile()  # in place: the state_dict keeps its names
     model = parallel.wrap(model)
-    # fused: the whole update in one kernel per parameter group (CPU and CUDA), same math
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                                  betas=(0.9, 0.95), fused=device.type in ("cpu", "cuda"))
+    optimizer = make_optimizer(parallel.unwrap(model), cfg, device)
     data_gen = torch.Generator().manual_seed(cfg.seed)
     if ckpt is None:
         return model, optimizer, data_gen, 0, []
