@@ -55,7 +55,8 @@ def add_biases(model):
 def build(row, vocab_size, preset="cpu"):
     """The model of one row at a preset's size, freshly initialised (seed it first)."""
     gpt_config = replace(GPT_PRESETS[preset], vocab_size=vocab_size)
-    modern = replace(PRESETS[preset], vocab_size=vocab_size)
+    modern = replace(PRESETS[preset], vocab_size=vocab_size,  # step 08's context in every row
+                     max_seq_len=gpt_config.max_seq_len, n_kv_heads=gpt_config.n_heads // 2)
     if row in ("gpt", "+rmsnorm"):
         model = GPT(gpt_config)
         if row == "+rmsnorm":  # RMSNorm's gain starts at 1, as LayerNorm's does: no re-init

@@ -59,6 +59,13 @@ ROWS = {  # name: (model shape, TrainConfig changes)
                                 {"model": "modern", "lr": 2e-3, "min_lr": 0.0}),
     "modern-t256-min0": ({**NANO, "max_seq_len": 256, "n_kv_heads": 4, "d_ff": 344},
                          {"model": "modern", "lr": 3e-3, "min_lr": 0.0}),
+    # step 15's MuonAdamW (--optimizer muon) on the modern model, lr 3e-3 for both kinds of group
+    "modern-t64-muon": ({**NANO, "n_kv_heads": 4, "d_ff": 344},
+                        {"model": "modern", "optimizer": "muon", "lr": 3e-3, "min_lr": 0.0}),
+    "modern-t128-muon": ({**NANO, "max_seq_len": 128, "n_kv_heads": 4, "d_ff": 344},
+                         {"model": "modern", "optimizer": "muon", "lr": 3e-3, "min_lr": 0.0}),
+    "modern-t256-muon": ({**NANO, "max_seq_len": 256, "n_kv_heads": 4, "d_ff": 344},
+                         {"model": "modern", "optimizer": "muon", "lr": 3e-3, "min_lr": 0.0}),
     "t64-lr3e-3-drop0.1": (NANO, {"lr": 3e-3, "min_lr": 3e-4, "dropout": 0.1}),
     "t64-lr3e-3-min0": (NANO, {"lr": 3e-3, "min_lr": 0.0}),
 }

@@ -334,7 +334,8 @@ def test_ablation_rows_add_one_change_each():
     ablation = load_ablation()
     models = {row: ablation.build(row, 4096) for row in ablation.ROWS}
     params = {row: m.num_params() for row, m in models.items()}
-    assert params["+gqa"] == ModernGPT(PRESETS["cpu"]).num_params()  # the main job's size
+    gqa = replace(PRESETS["cpu"], max_seq_len=64, n_kv_heads=2)  # step 08's context, 2 kv heads
+    assert params["+gqa"] == ModernGPT(gqa).num_params()
     assert params["+muon"] == params["+no-bias"]  # the same model, another optimizer
     assert params["+untied"] - params["+gqa"] == 4096 * 128
     assert params["+rope"] == params["+rmsnorm"] - 64 * 128  # the position table is gone
