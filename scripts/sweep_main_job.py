@@ -51,8 +51,8 @@ ROWS = {  # name: (model shape, TrainConfig changes)
                                                                 "min_lr": 3e-4}),
     "modern-t64-min0": ({**NANO, "n_kv_heads": 4, "d_ff": 344}, {"model": "modern", "lr": 3e-3,
                                                                  "min_lr": 0.0}),
-    "modern-t64-wd0.3": ({**NANO, "n_kv_heads": 4, "d_ff": 344}, {"model": "modern", "lr": 3e-3,
-                                                                  "min_lr": 3e-4, "weight_decay": 0.3}),
+    "modern-t64-wd0.3": ({**NANO, "n_kv_heads": 4, "d_ff": 344},
+                         {"model": "modern", "lr": 3e-3, "min_lr": 3e-4, "weight_decay": 0.3}),
     "modern-t128-min0": ({**NANO, "max_seq_len": 128, "n_kv_heads": 4, "d_ff": 344},
                          {"model": "modern", "lr": 3e-3, "min_lr": 0.0}),
     "modern-t128-min0-lr2e-3": ({**NANO, "max_seq_len": 128, "n_kv_heads": 4, "d_ff": 344},
@@ -73,9 +73,9 @@ ROWS = {  # name: (model shape, TrainConfig changes)
 
 def run_row(name, data_dir, budget, out_dir):
     """Train row `name` for `budget` seconds, score it; return its result dict."""
+    from tiny_llm.checkpoint import model_class
     from tiny_llm.data import load_meta, load_token_array
     from tiny_llm.evaluate import bits_per_byte, evaluate_loss
-    from tiny_llm.checkpoint import model_class
     from tiny_llm.train import TrainConfig, train
 
     shape, changes = ROWS[name]
