@@ -21,6 +21,7 @@ The rules (the chapter author's side of them is in steps/README.md):
 
 import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,8 +252,6 @@ class WarmPython:
     """The test side of the server: `run(argv, cwd, env, timeout)` -> (exit status, out, err)."""
 
     def __init__(self, env):
-        import subprocess
-
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         # unbuffered: readline takes one reply line and leaves the next for select to see
@@ -276,13 +275,23 @@ class WarmPython:
             status, cpu = self.proc.stdout.readline().split()
             CHILD_CPU[0] += float(cpu)
             if not ready:
-                raise TimeoutError(f"{' '.join(argv)} ran past {timeout} s")
+                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
             with open(out) as o, open(err) as e:
                 return int(status), o.read(), e.read()
 
     def close(self):
         self.proc.stdin.close()
         self.proc.wait()
+
+
+def run_python(argv, cwd, env, timeout, warm=None):
+    """`python *argv` in the folder cwd, in a fork of `warm` (a WarmPython) or, when warm is None,
+    in a brand-new interpreter. Returns a subprocess.CompletedProcess with text stdout, stderr."""
+    if warm is None:
+        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    code, out, err = warm.run(argv, cwd, env, timeout)
+    return subprocess.CompletedProcess([sys.executable, *argv], code, out, err)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:

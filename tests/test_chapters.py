@@ -5,19 +5,17 @@ See tests/chapters.py for the rules and steps/README.md for how to write a check
 
 import os
 import shlex
-import subprocess
-import sys
 
 import pytest
 from chapters import (
     ROOT,
-    WarmPython,
     chapters,
     commands,
     console_blocks,
     line_matches,
     missing_piece,
     output_matches,
+    run_python,
     source_blocks,
 )
 
@@ -37,32 +35,15 @@ def test_source_block_appears_in_its_file(block):
     assert problem is None, problem
 
 
-@pytest.fixture(scope="session")
-def warm_python():
-    """One interpreter per test worker with torch imported, forked for each command (see
-    tests/chapters.py); None when TINY_LLM_CHAPTERS_COLD=1 asks for a new interpreter each time."""
-    if os.environ.get("TINY_LLM_CHAPTERS_COLD") == "1":
-        yield None
-        return
-    server = WarmPython({**os.environ, "PYTHONHASHSEED": "0"})
-    yield server
-    server.close()
-
-
 def run_command(command, work, data_dir, warm_python=None):
     """Run a chapter command the way a learner would, in the folder `work`; return stdout."""
     argv = shlex.split(command)
     if argv[:3] != ["uv", "run", "python"]:
         pytest.fail(f"chapter commands start with `uv run python`, got: {command}")
     env = {**os.environ, "TINY_LLM_DATA_DIR": str(data_dir), "PYTHONHASHSEED": "0"}
-    if warm_python is not None:
-        code, stdout, stderr = warm_python.run(argv[3:], work, env, timeout=300)
-    else:
-        proc = subprocess.run([sys.executable, *argv[3:]], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=300, check=False)
-        code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    assert code == 0, f"`{command}` exited {code}:\n{stderr[-3000:]}"
-    return stdout
+    proc = run_python(argv[3:], work, env, timeout=300, warm=warm_python)
+    assert proc.returncode == 0, f"`{command}` exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc.stdout
 
 
 @pytest.mark.parametrize("block", console_blocks(), ids=lambda b: b.where)
