@@ -19,7 +19,10 @@ The rules (the chapter author's side of them is in steps/README.md):
    depend on the corpus are the sample's.
 """
 
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,3 +178,121 @@ def output_matches(actual_lines, expected_lines, rtol=None):
         return here and match(i + 1, j + 1)
 
     return match(0, 0)
+
+
+# A warm interpreter for the console commands. Every command is a fresh Python process, as a
+# learner's is, but a fresh interpreter spends about 4 s of CPU importing torch (and
+# torch._dynamo, which the first optimizer loads) before the command's own work starts: most of
+# the time of the short commands. So one server process per test worker imports those libraries
+# once, then forks a child per command; the child becomes the command's interpreter
+# (`python -m module args`, `python script.py args` or `python -c code`: the same argv, folder,
+# environment, __main__ and sys.path[0] as the command line gives) and exits as Python does.
+# The project's own modules are not preloaded: each command imports them fresh.
+# TINY_LLM_CHAPTERS_COLD=1 runs every command in a brand-new interpreter instead.
+
+PRELOAD = ("torch", "torch._dynamo", "numpy", "tokenizers", "matplotlib")
+
+
+def _become(argv):
+    """In a forked child: run `python *argv` here, the way the interpreter's command line does."""
+    import runpy
+    import types
+
+    sys.modules["__main__"] = types.ModuleType("__main__")  # not this file's: an empty one
+    if argv[0] == "-m":
+        sys.argv = ["-m", *argv[2:]]  # runpy puts the module's file in argv[0], as `-m` does
+        sys.path[0] = os.getcwd()
+        runpy._run_module_as_main(argv[1], alter_argv=True)
+    elif argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        exec(compile(argv[1], "<string>", "exec"), sys.modules["__main__"].__dict__)
+    else:
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def serve():
+    """The server: one JSON request a line on stdin; replies on stdout with the child's `pid`,
+    then `exit-status cpu-seconds` when it ends."""
+    import importlib
+    import json
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    requests, replies = sys.stdin.buffer, sys.stdout.fileno()
+    for line in requests:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            break
+        os.write(replies, f"{pid}\n".encode())
+        _, status, usage = os.wait4(pid, 0)
+        cpu = usage.ru_utime + usage.ru_stime  # the command's CPU seconds, its children's too
+        os.write(replies, f"{os.waitstatus_to_exitcode(status)} {cpu}\n".encode())
+    else:
+        return
+    # the child: the command's own process from here on
+    for fd, path, mode in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
+                           (2, request["stderr"], os.O_WRONLY)):
+        target = os.open(path, mode)
+        os.dup2(target, fd)
+        os.close(target)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _become(request["argv"])  # an exception or SystemExit ends the process as in any Python
+
+
+CHILD_CPU = [0.0]  # CPU seconds of every command run by a WarmPython of this process
+
+
+class WarmPython:
+    """The test side of the server: `run(argv, cwd, env, timeout)` -> (exit status, out, err)."""
+
+    def __init__(self, env):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        # unbuffered: readline takes one reply line and leaves the next for select to see
+
+    def run(self, argv, cwd, env, timeout):
+        import json
+        import select
+        import signal
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            for path in (out, err):
+                open(path, "w").close()
+            request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err}
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            pid = int(self.proc.stdout.readline())
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+            status, cpu = self.proc.stdout.readline().split()
+            CHILD_CPU[0] += float(cpu)
+            if not ready:
+                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
+            with open(out) as o, open(err) as e:
+                return int(status), o.read(), e.read()
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def run_python(argv, cwd, env, timeout, warm=None):
+    """`python *argv` in the folder cwd, in a fork of `warm` (a WarmPython) or, when warm is None,
+    in a brand-new interpreter. Returns a subprocess.CompletedProcess with text stdout, stderr."""
+    if warm is None:
+        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    code, out, err = warm.run(argv, cwd, env, timeout)
+    return subprocess.CompletedProcess([sys.executable, *argv], code, out, err)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    serve()

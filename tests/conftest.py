@@ -13,6 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from chapters import WarmPython  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -29,3 +30,62 @@ def sample_data_dir(tmp_path_factory):
     prepare_data("sample", data_dir=data_dir, progress=False)
     os.environ["TINY_LLM_DATA_DIR"] = str(data_dir)
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def warm_python():
+    """One interpreter per test worker with torch imported, forked into each command that the
+    tests run as a learner would (see tests/chapters.py); None when TINY_LLM_CHAPTERS_COLD=1
+    asks for a brand-new interpreter each time."""
+    if os.environ.get("TINY_LLM_CHAPTERS_COLD") == "1":
+        yield None
+        return
+    server = WarmPython({**os.environ, "PYTHONHASHSEED": "0"})
+    yield server
+    server.close()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Order the tests for two workers: the long ones first, so that neither worker is left
+    with a long test at the end while the other idles; and keep the tests that share a
+    module-scoped fixture (a training run, a trained tokenizer) on one worker
+    (`--dist loadgroup`), so that the fixture is computed once, not once per worker."""
+    for item in items:
+        shared = [name for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                  if defs[-1].scope == "module"]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: -expected_seconds(item))
+
+
+# (node id prefix, CPU seconds): the tests that take several seconds, roughly measured with
+# `pytest -n 0 --durations=40`; a module whose tests share a fixture counts as one piece of work.
+CONSOLE = "tests/test_chapters.py::test_console_block_matches_a_real_run["
+EXPECTED_SECONDS = [
+    ("tests/test_scale.py::test_fsdp2", 30),  # two torchrun jobs of 2 ranks
+    (CONSOLE + "16-scale-out.md:232", 30),  # a torchrun job and a one-process run
+    (CONSOLE + "17-export.md", 20),
+    (CONSOLE + "11-evaluate.md", 20),
+    (CONSOLE + "16-scale-out.md", 15),
+    ("tests/test_scale.py::test_two_ranks", 15),
+    ("tests/test_scale.py::test_a_rank_that_fails", 15),
+    (CONSOLE + "10-train.md", 15),
+    ("tests/test_bench.py", 15),
+    (CONSOLE + "14-", 12),
+    (CONSOLE + "13-", 10),
+    ("tests/test_train.py", 10),
+    ("tests/test_posenc_lab.py", 10),
+    ("tests/test_export.py", 10),
+    ("tests/test_tokenize.py", 8),
+    (CONSOLE, 5),
+    ("tests/test_smoke.py", 5),
+]
+
+
+def expected_seconds(item):
+    """A rough CPU cost to order by (measured once; a wrong guess only costs balance)."""
+    for prefix, seconds in EXPECTED_SECONDS:
+        if item.nodeid.startswith(prefix):
+            return seconds
+    return 0

@@ -5,8 +5,6 @@ See tests/chapters.py for the rules and steps/README.md for how to write a check
 
 import os
 import shlex
-import subprocess
-import sys
 
 import pytest
 from chapters import (
@@ -17,6 +15,7 @@ from chapters import (
     line_matches,
     missing_piece,
     output_matches,
+    run_python,
     source_blocks,
 )
 
@@ -36,28 +35,25 @@ def test_source_block_appears_in_its_file(block):
     assert problem is None, problem
 
 
-def run_command(command, work, data_dir):
+def run_command(command, work, data_dir, warm_python=None):
     """Run a chapter command the way a learner would, in the folder `work`; return stdout."""
     argv = shlex.split(command)
     if argv[:3] != ["uv", "run", "python"]:
         pytest.fail(f"chapter commands start with `uv run python`, got: {command}")
-    argv = [sys.executable, *argv[3:]]
     env = {**os.environ, "TINY_LLM_DATA_DIR": str(data_dir), "PYTHONHASHSEED": "0"}
-    proc = subprocess.run(
-        argv, cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
+    proc = run_python(argv[3:], work, env, timeout=300, warm=warm_python)
     assert proc.returncode == 0, f"`{command}` exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return proc.stdout
 
 
 @pytest.mark.parametrize("block", console_blocks(), ids=lambda b: b.where)
-def test_console_block_matches_a_real_run(block, sample_data_dir, tmp_path):
+def test_console_block_matches_a_real_run(block, sample_data_dir, tmp_path, warm_python):
     """The commands of one block run in order in one scratch folder, as a learner types them."""
     (tmp_path / "scripts").symlink_to(ROOT / "scripts")
     (tmp_path / "steps").symlink_to(ROOT / "steps")
     rtol = float(block.options["rtol"]) if "rtol" in block.options else None
     for command, expected in commands(block):
-        actual = run_command(command, tmp_path, sample_data_dir).splitlines()
+        actual = run_command(command, tmp_path, sample_data_dir, warm_python).splitlines()
         assert output_matches(actual, expected, rtol), (
             f"{block.where}: `{command}` printed\n" + "\n".join(actual)
             + "\n\nbut the chapter expects\n" + "\n".join(expected)

@@ -6,11 +6,10 @@ the in-process comparison), each with one thread, the tiny preset and a few step
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from chapters import run_python
 
 from solutions import ex16_scale
 from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint
@@ -20,15 +19,15 @@ from tiny_llm.train import TrainConfig, train
 TIMEOUT = 180  # seconds: a hung collective fails the test instead of the suite
 
 
-def torchrun(*flags, script=("-m", "tiny_llm.scale"), cwd, data_dir):
-    """Run 2 ranks under torchrun as a learner would; returns the finished process."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            "2", *script, "--preset", "tiny", "--batch-size", "4", "--warmup-steps", "2",
-            "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu", "--time-budget", "0",
-            *flags]
+def torchrun(warm, *flags, script=("-m", "tiny_llm.scale"), cwd, data_dir):
+    """Run 2 ranks under torchrun as a learner would; returns the finished process. torchrun
+    itself runs in a fork of the tests' warm interpreter (tests/chapters.py); its ranks start
+    fresh, as torchrun starts them."""
+    argv = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *script,
+            "--preset", "tiny", "--batch-size", "4", "--warmup-steps", "2", "--eval-iters", "1",
+            "--sample-tokens", "0", "--device", "cpu", "--time-budget", "0", *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TINY_LLM_DATA_DIR": str(data_dir)}
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT, check=False)
+    return run_python(argv, cwd, env, TIMEOUT, warm)
 
 
 def losses(out):
@@ -62,13 +61,14 @@ def test_two_ranks_of_half_a_batch_equal_one_rank_and_stay_identical(sample_data
 
 
 def test_fsdp2_trains_like_one_process_resumes_and_gathers_a_plain_checkpoint(
-        one_rank, sample_data_dir, tmp_path):
+        one_rank, sample_data_dir, tmp_path, warm_python):
     flags = ["--shard", "--eval-interval", "2", "--lr-decay-steps", "4", "--out", "run"]
-    first = torchrun("--max-steps", "2", *flags, cwd=tmp_path, data_dir=sample_data_dir)
+    first = torchrun(warm_python, "--max-steps", "2", *flags, cwd=tmp_path,
+                     data_dir=sample_data_dir)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "ranks        2 x cpu (gloo), FSDP2 shards" in first.stdout
     assert first.stdout.count("step 2 ") == 1  # rank 0 alone prints
-    second = torchrun("--max-steps", "4", "--resume", *flags, cwd=tmp_path,
+    second = torchrun(warm_python, "--max-steps", "4", "--resume", *flags, cwd=tmp_path,
                       data_dir=sample_data_dir)
     assert second.returncode == 0, second.stderr[-3000:]
     assert losses(tmp_path / "run") == pytest.approx(losses(one_rank), rel=1e-5)
@@ -88,13 +88,13 @@ def test_a_sharded_checkpoint_resumes_only_sharded():
         replica.load_optimizer(None, None, fsdp_state)
 
 
-def test_a_rank_that_fails_stops_the_job_with_its_error(sample_data_dir, tmp_path):
+def test_a_rank_that_fails_stops_the_job_with_its_error(sample_data_dir, tmp_path, warm_python):
     script = tmp_path / "rank1_fails.py"
     script.write_text(
         "import os\nimport tiny_llm.train\nfrom tiny_llm.scale import main\n\n"
         "def broken(*args, **kwargs):\n    raise RuntimeError('rank 1 broke on purpose')\n\n"
         "if os.environ['RANK'] == '1':\n    tiny_llm.train.update = broken\nmain()\n")
-    proc = torchrun("--max-steps", "4", script=(str(script),), cwd=tmp_path,
+    proc = torchrun(warm_python, "--max-steps", "4", script=(str(script),), cwd=tmp_path,
                     data_dir=sample_data_dir)
     assert proc.returncode != 0
     assert "rank 1 broke on purpose" in proc.stderr
