@@ -45,7 +45,7 @@ ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+gqa", "+untied")
 def add_biases(model):
     """Give every linear layer but the output head a bias (zeros): the modern model, biased."""
     for name, m in model.named_modules():
-        if isinstance(m, nn.Linear) and m.bias is None and name != "output":
+        if isinstance(m, nn.Linear) and m.bias is None and name != "lm_head":
             m.bias = nn.Parameter(torch.zeros(m.out_features))
     return model
 
@@ -67,7 +67,7 @@ def build(row, vocab_size):
         modern = replace(modern, tie_embeddings=False)
     model = ModernGPT(modern)
     if row == "+rope":  # step 07's GELU MLP, initialised as step 07 does
-        for layer in model.layers:
+        for layer in model.blocks:
             layer.feed_forward = init_weights(MLP(modern.d_model), modern.n_layers)
     return add_biases(model) if row in ("+rope", "+swiglu") else model
 

@@ -42,7 +42,7 @@ def test_model_from_checkpoint_rebuilds_the_same_model(tmp_path, sample_data_dir
     idx = torch.tensor([[1, 2, 3]])
     assert not rebuilt.training and ckpt["step"] == 3
     assert torch.equal(rebuilt(idx)[0], model.eval()(idx)[0])
-    assert rebuilt.head.weight is rebuilt.embed.tok_emb.weight  # still tied after loading
+    assert rebuilt.lm_head.weight is rebuilt.embed.tok_emb.weight  # still tied after loading
 
 
 def test_a_checkpoint_from_another_tokenizer_is_refused(tmp_path, sample_data_dir):

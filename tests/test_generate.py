@@ -129,6 +129,9 @@ def test_prompt_must_be_one_row_of_ids():
         generate(tiny_gpt(), torch.tensor([1, 2, 3]), 2)
     with pytest.raises(ValueError, match=r"got \(1, 0\).*\[\[eot_id\]\]"):
         generate(tiny_gpt(), torch.zeros(1, 0, dtype=torch.long), 2)
+    vocab_size = tiny_gpt().config.vocab_size
+    with pytest.raises(ValueError, match=f"token id {vocab_size} is outside the vocabulary"):
+        generate(tiny_gpt(), torch.tensor([[1, vocab_size]]), 2)  # checked once, not every step
 
 
 def test_complete_starts_an_empty_prompt_from_eot():
