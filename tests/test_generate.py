@@ -23,7 +23,7 @@ class FixedLogits(nn.Module):
     def __init__(self, logits, max_seq_len=8):
         super().__init__()
         self.logits = nn.Parameter(torch.tensor(logits), requires_grad=False)
-        self.config = SimpleNamespace(max_seq_len=max_seq_len)
+        self.config = SimpleNamespace(max_seq_len=max_seq_len, vocab_size=len(logits))
         self.seen_lengths = []
 
     def forward(self, idx, targets=None):
