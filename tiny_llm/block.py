@@ -71,10 +71,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: (B, T, d_model) -> (B, T, d_model)."""
 
-    def __init__(self, d_model, n_heads, max_seq_len, dropout=0.0):
+    def __init__(self, d_model, n_heads, max_seq_len, dropout=0.0, attn=None):
+        """`attn`: an attention of your own (step 14's position schemes); default step 06's."""
         super().__init__()
         self.ln_1 = LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads, max_seq_len, dropout)
+        self.attn = attn or MultiHeadAttention(d_model, n_heads, max_seq_len, dropout)
         self.ln_2 = LayerNorm(d_model)
         self.mlp = MLP(d_model, dropout)
 

@@ -36,6 +36,7 @@ from tiny_llm.data import ensure_data, get_batch, load_token_array
 from tiny_llm.device import autocast, kept_memory, pick_device, seed_everything
 from tiny_llm.files import atomic_path
 from tiny_llm.generate import story_from_checkpoint
+from tiny_llm.loss import mean_loss
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
 from tiny_llm.processes import ONE_PROCESS
 from tiny_llm.tokenize import tokenizer_sha256
@@ -114,18 +115,13 @@ def param_groups(model, weight_decay):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-@torch.no_grad()
 def estimate_loss(model, data, cfg, device):
     """Mean loss over eval_iters batches drawn with a fixed seed: the same batches every time."""
     generator = torch.Generator().manual_seed(cfg.seed)
-    model.eval()
-    total = 0.0
-    for _ in range(cfg.eval_iters):
-        x, y = get_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
-        with autocast(device, cfg.dtype):
-            total += model(x, y)[1].item()
-    model.train()
-    return total / cfg.eval_iters
+    seq_len = model.config.max_seq_len
+    batches = (get_batch(data, cfg.batch_size, seq_len, device, generator)
+               for _ in range(cfg.eval_iters))
+    return mean_loss(model, batches, device, cfg.dtype)[0]
 
 
 def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCESS):
