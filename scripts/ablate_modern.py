@@ -37,7 +37,7 @@ from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
-from tiny_llm.train import TrainConfig, lr_at, param_groups, update
+from tiny_llm.train import TrainConfig, lr_at, param_groups, update_weights
 
 ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+gqa", "+untied")
 
@@ -87,8 +87,8 @@ def train_for(model, data, seconds, cfg):
         if used >= seconds:
             break
         lr = lr_at(step, cfg.lr, cfg.min_lr, warmup, total)
-        losses.append(update(model, optimizer, data, cfg, torch.device("cpu"), generator, lr,
-                             step))
+        losses.append(update_weights(model, optimizer, data, cfg, torch.device("cpu"), generator,
+                                     lr, step))
         step += 1
     train_loss = sum(losses[-20:]) / len(losses[-20:])
     return step, time.process_time() - cpu0, time.perf_counter() - wall0, train_loss

@@ -12,8 +12,8 @@ from solutions import ex11_evaluate
 from tiny_llm import evaluate
 from tiny_llm.checkpoint import save_checkpoint
 from tiny_llm.evaluate import bits_per_byte, evaluate_loss, plot_loss_curve, read_log
-from tiny_llm.loss import window_spans
 from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.loss import window_spans
 from tiny_llm.tokenize import tokenizer_sha256
 
 SMALL = GPTConfig(vocab_size=50, max_seq_len=8, d_model=16, n_layers=1, n_heads=2)

@@ -24,8 +24,8 @@ from tiny_llm.posenc_lab import (
     LabGPT,
     main,
     print_report,
-    run_lab,
     rebuilt_longer,
+    run_lab,
 )
 
 TINY = dict(vocab_size=50, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)

@@ -28,7 +28,7 @@ from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.multihead import MultiHeadAttention
 from tiny_llm.posenc import RotaryEmbedding, alibi_bias, draw_figures
-from tiny_llm.train import TrainConfig, lr_at, param_groups, update
+from tiny_llm.train import TrainConfig, lr_at, param_groups, update_weights
 
 SCHEMES = ("none", "learned", "sinusoidal", "rope", "alibi")
 # sin and cos have an RMS of 1/√2, 35 times the 0.02 of a token embedding at init: added as
@@ -168,7 +168,7 @@ def train_scheme(pos, exp, data, vocab_size, device):
     losses = []
     for step in tqdm(range(cfg.max_steps), desc=pos, leave=False):  # step 10's loop, in short
         lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
-        losses.append(update(model, optimizer, data, cfg, device, generator, lr, step))
+        losses.append(update_weights(model, optimizer, data, cfg, device, generator, lr, step))
     return model.eval(), losses
 
 

@@ -159,7 +159,7 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     return model, optimizer, data_gen, ckpt["step"], records, cfg
 
 
-def update(model, optimizer, data, cfg, device, generator, lr, step, parallel=ONE_PROCESS):
+def update_weights(model, optimizer, data, cfg, device, generator, lr, step, parallel=ONE_PROCESS):
     """One optimizer update at learning rate `lr`; returns the mean loss of its micro-batches."""
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -228,8 +228,8 @@ def train(cfg, parallel=ONE_PROCESS):
             decay_steps = cfg.lr_decay_steps or cfg.max_steps
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
             t0 = time.perf_counter()
-            loss = update(model, optimizer, train_data, cfg, device, data_gen, lr, step,
-                          parallel=parallel)
+            loss = update_weights(model, optimizer, train_data, cfg, device, data_gen, lr, step,
+                                  parallel=parallel)
             step += 1
             records.append({"step": step, "train_loss": loss, "lr": lr, "tokens": step *
                             tokens_per_step, "time_s": time.perf_counter() - clock,
