@@ -39,7 +39,7 @@ from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
 from tiny_llm.muon import MuonAdamW, muon_groups
-from tiny_llm.train import TrainConfig, lr_at, param_groups, update
+from tiny_llm.train import TrainConfig, lr_at, param_groups, update_weights
 
 ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+muon", "+gqa", "+untied")
 
@@ -47,7 +47,7 @@ ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+muon", "+gqa", "+un
 def add_biases(model):
     """Give every linear layer but the output head a bias (zeros): the modern model, biased."""
     for name, m in model.named_modules():
-        if isinstance(m, nn.Linear) and m.bias is None and name != "output":
+        if isinstance(m, nn.Linear) and m.bias is None and name != "lm_head":
             m.bias = nn.Parameter(torch.zeros(m.out_features))
     return model
 
@@ -70,7 +70,7 @@ def build(row, vocab_size, preset="cpu"):
         modern = replace(modern, tie_embeddings=False)
     model = ModernGPT(modern)
     if row == "+rope":  # step 07's GELU MLP, initialised as step 07 does
-        for layer in model.layers:
+        for layer in model.blocks:
             layer.feed_forward = init_weights(MLP(modern.d_model), modern.n_layers)
     return add_biases(model) if row in ("+rope", "+swiglu") else model
 
@@ -93,8 +93,8 @@ def train_for(model, data, seconds, cfg, muon=False):
         if used >= seconds:
             break
         lr = lr_at(step, cfg.lr, cfg.min_lr, warmup, total)
-        losses.append(update(model, optimizer, data, cfg, torch.device("cpu"), generator, lr,
-                             step))
+        losses.append(update_weights(model, optimizer, data, cfg, torch.device("cpu"), generator,
+                                     lr, step))
         step += 1
     train_loss = sum(losses[-20:]) / len(losses[-20:])
     return step, time.process_time() - cpu0, time.perf_counter() - wall0, train_loss

@@ -80,11 +80,12 @@ def exercise_5_position_from_the_causal_mask(T=6):
 
 @torch.no_grad()
 def exercise_6_loss_by_position(model, data, T, n_tokens):
-    """The lab's valid_loss, kept apart by position in the window: (T,) mean loss at t = 0..T-1.
+    """The lab's score, kept apart by position in the window: (T,) mean loss at t = 0..T-1.
 
-    Its mean is valid_loss(model, data, T, n_tokens). Run it on a trained model at 4x its
-    length to see where a scheme starts to struggle: the loss should fall with t (more context)
-    and, for a scheme that does not extrapolate, turn up again past the trained length.
+    Its mean is evaluate_loss(model, data[: n_tokens + 1], seq_len=T)["loss"]. Run it on a
+    trained model at 4x its length to see where a scheme starts to struggle: the loss should
+    fall with t (more context) and, for a scheme that does not extrapolate, turn up again past
+    the trained length.
     """
     n = n_tokens // T
     tokens = torch.from_numpy(data[: n * T + 1].astype(np.int64))

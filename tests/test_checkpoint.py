@@ -42,7 +42,7 @@ def test_model_from_checkpoint_rebuilds_the_same_model(tmp_path, sample_data_dir
     idx = torch.tensor([[1, 2, 3]])
     assert not rebuilt.training and ckpt["step"] == 3
     assert torch.equal(rebuilt(idx)[0], model.eval()(idx)[0])
-    assert rebuilt.head.weight is rebuilt.embed.tok_emb.weight  # still tied after loading
+    assert rebuilt.lm_head.weight is rebuilt.embed.tok_emb.weight  # still tied after loading
 
 
 def test_a_checkpoint_from_another_tokenizer_is_refused(tmp_path, sample_data_dir):
@@ -120,3 +120,35 @@ def test_ctrl_c_sets_the_stop_flag_instead_of_raising():
         signal.raise_signal(signal.SIGINT)
         assert stop.is_set()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize("kind", ["gpt", "lab-rope"])
+def test_a_lab_model_and_the_gpt_go_through_checkpoint_evaluate_and_the_cache(
+        kind, tmp_path, sample_data_dir):
+    from tiny_llm.checkpoint import class_path
+    from tiny_llm.data import load_meta, load_token_array
+    from tiny_llm.evaluate import evaluate_loss
+    from tiny_llm.generate import generate
+    from tiny_llm.kvcache import generate_cached
+    from tiny_llm.posenc_lab import LabConfig, LabGPT
+
+    vocab_size = load_meta(sample_data_dir)["vocab_size"]
+    sizes = dict(vocab_size=vocab_size, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**sizes)) if kind == "gpt" else LabGPT(LabConfig(**sizes, pos="rope"))
+    save_checkpoint(tmp_path / "ckpt.pt", {
+        "model": model.state_dict(), "config": asdict(model.config), "step": 0,
+        "model_class": class_path(model),  # no flag needed to load it back
+        "tokenizer_sha256": tokenizer_sha256(sample_data_dir / "tokenizer.json")})
+    rebuilt, _ = model_from_checkpoint(tmp_path / "ckpt.pt", data_dir=sample_data_dir)
+    assert type(rebuilt) is type(model) and rebuilt.config == model.config
+
+    valid = load_token_array(sample_data_dir / "valid.bin")
+    scored = evaluate_loss(rebuilt, valid, max_batches=2)
+    assert scored["loss"] == pytest.approx(evaluate_loss(model, valid, max_batches=2)["loss"])
+    assert scored["targets"] == 2 * 16 * 16
+
+    prompt = torch.from_numpy(valid[:5].astype(np.int64))[None]  # (1, 5)
+    greedy = {"temperature": 0, "eot_id": None}  # 40 tokens: past max_seq_len 16 too
+    assert torch.equal(generate_cached(rebuilt, prompt, 40, **greedy),
+                       generate(rebuilt, prompt, 40, **greedy))

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from solutions import ex04_embed
-from tiny_llm.embed import Embed, SinusoidalPositions, plot_sinusoidal, sinusoidal_table
+from tiny_llm.embed import (
+    Embed,
+    SinusoidalPositions,
+    check_ids,
+    plot_sinusoidal,
+    sinusoidal_table,
+)
 
 
 @pytest.fixture
@@ -62,9 +68,17 @@ def test_worked_example_sums_by_hand(capsys):
         ([[1, 2]], TypeError, "must be a torch.Tensor, got list"),
     ],
 )
-def test_bad_ids_are_refused_with_the_fix(emb, idx, error, match):
+def test_bad_ids_are_refused_with_the_fix(idx, error, match):
     with pytest.raises(error, match=match):
-        emb(idx)
+        check_ids(idx, 4096, 64)  # where ids enter: get_batch's data, a prompt
+
+
+def test_forward_checks_only_the_length():
+    emb = Embed(4096, 128, 64)
+    with pytest.raises(ValueError, match="T=65 exceeds max_seq_len=64"):
+        emb(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match="T=65 exceeds max_seq_len=64"):
+        emb(torch.zeros(1, 1, dtype=torch.long), start=64)  # after a cache of 64
 
 
 def test_bad_sizes_are_refused():

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from solutions import ex11_evaluate
 from tiny_llm import evaluate
 from tiny_llm.checkpoint import save_checkpoint
-from tiny_llm.evaluate import bits_per_byte, evaluate_loss, plot_loss_curve, read_log, windows
+from tiny_llm.evaluate import bits_per_byte, evaluate_loss, plot_loss_curve, read_log
 from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.loss import window_spans
 from tiny_llm.tokenize import tokenizer_sha256
 
 SMALL = GPTConfig(vocab_size=50, max_seq_len=8, d_model=16, n_layers=1, n_heads=2)
@@ -24,17 +25,17 @@ def tiny_model(seed=0):
 
 
 def test_windows_cover_every_target_exactly_once():
-    assert windows(10, 4) == [(0, 4), (4, 4), (8, 1)]
-    assert windows(9, 4) == [(0, 4), (4, 4)]
+    assert window_spans(10, 4) == [(0, 4), (4, 4), (8, 1)]
+    assert window_spans(9, 4) == [(0, 4), (4, 4)]
     for n in (2, 7, 33, 100):
-        spans = windows(n, 8)
+        spans = window_spans(n, 8)
         targets = [t for start, length in spans for t in range(start + 1, start + length + 1)]
         assert targets == list(range(1, n))
 
 
 def test_windows_reject_a_file_with_nothing_to_predict():
     with pytest.raises(ValueError, match="at least 2 tokens.*got 1"):
-        windows(1, 8)
+        window_spans(1, 8)
 
 
 def test_evaluate_loss_is_the_mean_over_every_target():
@@ -43,7 +44,7 @@ def test_evaluate_loss_is_the_mean_over_every_target():
     result = evaluate_loss(model, data, batch_size=2)
     nats = []  # the same windows one at a time, cross-entropy written out
     with torch.no_grad():
-        for start, length in windows(len(data), 8):
+        for start, length in window_spans(len(data), 8):
             x = torch.tensor(data[start : start + length].astype(np.int64))[None]
             y = torch.tensor(data[start + 1 : start + length + 1].astype(np.int64))
             nats += F.cross_entropy(model(x)[0][0], y, reduction="none").tolist()

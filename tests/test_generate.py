@@ -23,7 +23,7 @@ class FixedLogits(nn.Module):
     def __init__(self, logits, max_seq_len=8):
         super().__init__()
         self.logits = nn.Parameter(torch.tensor(logits), requires_grad=False)
-        self.config = SimpleNamespace(max_seq_len=max_seq_len)
+        self.config = SimpleNamespace(max_seq_len=max_seq_len, vocab_size=len(logits))
         self.seen_lengths = []
 
     def forward(self, idx, targets=None):
@@ -129,6 +129,9 @@ def test_prompt_must_be_one_row_of_ids():
         generate(tiny_gpt(), torch.tensor([1, 2, 3]), 2)
     with pytest.raises(ValueError, match=r"got \(1, 0\).*\[\[eot_id\]\]"):
         generate(tiny_gpt(), torch.zeros(1, 0, dtype=torch.long), 2)
+    vocab_size = tiny_gpt().config.vocab_size
+    with pytest.raises(ValueError, match=f"token id {vocab_size} is outside the vocabulary"):
+        generate(tiny_gpt(), torch.tensor([[1, vocab_size]]), 2)  # checked once, not every step
 
 
 def test_complete_starts_an_empty_prompt_from_eot():

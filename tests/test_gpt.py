@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from solutions import ex08_gpt
-from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS, GPTConfig
+from tiny_llm.embed import check_ids
+from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS, GPTConfig, check_targets
 
 SMALL_VOCAB = replace(PRESETS["tiny"], vocab_size=256)  # the tiny preset with a narrow head: fast
 
@@ -53,27 +54,27 @@ def test_forward_gives_logits_for_every_position_and_loss_only_with_targets():
 
 def test_head_weight_is_the_token_embedding():
     model = make()
-    assert model.head.weight is model.embed.tok_emb.weight
-    assert model.head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
+    assert model.lm_head.weight is model.embed.tok_emb.weight
+    assert model.lm_head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
 
 
 def test_a_gradient_step_keeps_the_tied_weights_one_matrix():
     model = make()
-    before = model.head.weight.detach().clone()
+    before = model.lm_head.weight.detach().clone()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     _, loss = model(torch.randint(0, 256, (2, 8)), torch.randint(0, 256, (2, 8)))
     loss.backward()
     optimizer.step()
-    assert not torch.equal(model.head.weight, before)
-    assert torch.equal(model.head.weight, model.embed.tok_emb.weight)
-    assert model.head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
+    assert not torch.equal(model.lm_head.weight, before)
+    assert torch.equal(model.lm_head.weight, model.embed.tok_emb.weight)
+    assert model.lm_head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
 
 
 def test_tying_survives_a_state_dict_round_trip():
     model, other = make(seed=0), make(seed=1)
     other.load_state_dict(model.state_dict())
-    assert other.head.weight is other.embed.tok_emb.weight
-    assert torch.equal(other.head.weight, model.head.weight)
+    assert other.lm_head.weight is other.embed.tok_emb.weight
+    assert torch.equal(other.lm_head.weight, model.lm_head.weight)
 
 
 def test_initial_loss_is_near_ln_vocab_size():
@@ -110,20 +111,20 @@ def test_targets_of_minus_one_are_ignored():
     assert loss == pytest.approx(kept, abs=1e-6)
 
 
-def test_bad_idx_and_targets_are_refused():
+def test_bad_idx_and_targets_are_refused_where_they_enter():
     model = make()
     idx = torch.randint(0, 256, (2, 8))
     with pytest.raises(ValueError, match=r"targets shape \(2, 7\) does not match idx shape"):
-        model(idx, idx[:, :7])
+        check_targets(idx, idx[:, :7], 256)
     with pytest.raises(TypeError, match="targets must be integer token ids, got torch.float32"):
-        model(idx, idx.float())
+        check_targets(idx, idx.float(), 256)
     outside = torch.zeros(2, 8, dtype=torch.long)
     outside[1, 3] = 256
     with pytest.raises(ValueError, match=r"or -1 \(ignored\), got values from 0 to 256"):
-        model(idx, outside)
+        check_targets(idx, outside, 256)
     with pytest.raises(ValueError, match="token id 256 is outside the vocabulary"):
-        model(torch.full((1, 4), 256))
-    with pytest.raises(ValueError, match="T=65 exceeds max_seq_len=64"):
+        check_ids(torch.full((1, 4), 256), 256, 64)
+    with pytest.raises(ValueError, match="T=65 exceeds max_seq_len=64"):  # the forward's one check
         model(torch.zeros(1, 65, dtype=torch.long))
 
 

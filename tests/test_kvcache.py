@@ -57,7 +57,7 @@ def test_its_output_is_an_ordinary_tensor_that_training_can_use():
     assert not out.is_inference()
     _, loss = model.train()(out[:, :-1], out[:, 1:])
     loss.backward()  # would fail if `out` were an inference-mode tensor
-    assert model.head.weight.grad is not None
+    assert model.lm_head.weight.grad is not None
 
 
 def test_one_cached_step_gives_the_logits_of_a_full_forward():

@@ -9,7 +9,9 @@ import torch.nn.functional as F
 
 from solutions import ex15_modern
 from tiny_llm.block import MLP
+from tiny_llm.embed import check_ids
 from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.kvcache import KVCache
 from tiny_llm.modern import (
     PRESETS,
     Attention,
@@ -100,12 +102,12 @@ def test_config_rejects_shapes_that_cannot_work():
 # --- the model ---------------------------------------------------------------------------------
 
 
-def test_parameter_names_are_llamas():
+def test_parameter_names_are_step_08s_outside_the_blocks_and_llamas_inside():
     names = {n for n, _ in ModernGPT(replace(TINY, tie_embeddings=False)).named_parameters()}
     layer = {"attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1",
              "feed_forward.w2", "feed_forward.w3", "attention_norm", "ffn_norm"}
-    expected = {"tok_emb.weight", "norm.weight", "output.weight"}
-    expected |= {f"layers.{i}.{n}.weight" for i in range(2) for n in layer}
+    expected = {"embed.tok_emb.weight", "ln_f.weight", "lm_head.weight"}
+    expected |= {f"blocks.{i}.{n}.weight" for i in range(2) for n in layer}
     assert names == expected  # and no bias anywhere
 
 
@@ -136,7 +138,7 @@ def test_forward_returns_logits_and_loss_like_gpt_and_is_causal():
 
 def test_each_layer_maps_b_t_d_to_b_t_d():
     x = torch.randn(2, 5, 32)
-    assert all(layer(x).shape == (2, 5, 32) for layer in ModernGPT(TINY).layers)
+    assert all(layer(x).shape == (2, 5, 32) for layer in ModernGPT(TINY).blocks)
 
 
 def test_initial_loss_is_near_ln_vocab_and_residual_outputs_start_smaller():
@@ -144,7 +146,7 @@ def test_initial_loss_is_near_ln_vocab_and_residual_outputs_start_smaller():
     model = ModernGPT(PRESETS["tiny"])
     idx, targets = torch.randint(0, 4096, (2, 4, 64))
     assert model(idx, targets)[1].item() == pytest.approx(math.log(4096), abs=0.1)
-    layer = model.layers[0]
+    layer = model.blocks[0]
     assert layer.attention.wq.weight.std().item() == pytest.approx(0.02, rel=0.1)
     for w in (layer.attention.wo.weight, layer.feed_forward.w2.weight):
         assert w.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.1)
@@ -152,8 +154,8 @@ def test_initial_loss_is_near_ln_vocab_and_residual_outputs_start_smaller():
 
 def test_tie_embeddings_shares_the_output_head_and_untied_adds_a_matrix():
     tied, untied = ModernGPT(TINY), ModernGPT(replace(TINY, tie_embeddings=False))
-    assert tied.output.weight is tied.tok_emb.weight
-    assert untied.output.weight is not untied.tok_emb.weight
+    assert tied.lm_head.weight is tied.embed.tok_emb.weight
+    assert untied.lm_head.weight is not untied.embed.tok_emb.weight
     assert untied.num_params() - tied.num_params() == 64 * 32
     assert tied.num_params(non_embedding=True) == untied.num_params(non_embedding=True)
 
@@ -170,11 +172,13 @@ def test_presets_are_about_the_size_of_step_08s():
 def test_bad_input_is_refused_with_a_message():
     model = ModernGPT(TINY)
     with pytest.raises(TypeError, match="token ids must be integers"):
-        model(torch.zeros(1, 4))
+        check_ids(torch.zeros(1, 4), TINY.vocab_size, TINY.max_seq_len)  # where ids enter
     with pytest.raises(ValueError, match="exceeds max_seq_len=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(TypeError, match="ModernConfig"):
         ModernGPT(GPTConfig())
+    with pytest.raises(ValueError, match="a KV cache needs model.eval"):  # step 08's guard
+        model.train()(torch.zeros(1, 4, dtype=torch.long), cache=KVCache(TINY))
 
 
 def test_kv_bytes_per_token_counts_only_the_kv_heads():
@@ -220,13 +224,13 @@ def from_llama_state_dict(state, config):
     """A LlamaForCausalLM state dict -> a ModernGPT one: new names, and the wq/wk rows turned
     from Hugging Face's RoPE on halves to our RoPE on adjacent pairs."""
     emb = state["model.embed_tokens.weight"]
-    ours = {"tok_emb.weight": emb, "norm.weight": state["model.norm.weight"],
-            "output.weight": state.get("lm_head.weight", emb)}
+    ours = {"embed.tok_emb.weight": emb, "ln_f.weight": state["model.norm.weight"],
+            "lm_head.weight": state.get("lm_head.weight", emb)}
     heads = {"attention.wq": config.n_heads, "attention.wk": config.n_kv_heads}
     for i in range(config.n_layers):
         for mine, theirs in LLAMA_NAMES.items():
             w = state[f"model.layers.{i}.{theirs}.weight"]
-            ours[f"layers.{i}.{mine}.weight"] = halves_to_pairs(w, heads[mine]) if (
+            ours[f"blocks.{i}.{mine}.weight"] = halves_to_pairs(w, heads[mine]) if (
                 mine in heads) else w
     return ours
 
@@ -271,7 +275,7 @@ def test_without_the_row_reordering_the_logits_differ():
     state = from_llama_state_dict(reference.state_dict(), config)
     for i in range(2):  # undo the reordering: load q_proj and k_proj as they are
         for mine, heads in (("wq", 4), ("wk", 2)):
-            key = f"layers.{i}.attention.{mine}.weight"
+            key = f"blocks.{i}.attention.{mine}.weight"
             state[key] = pairs_to_halves(state[key], heads)
     ours = ModernGPT(config).eval()
     ours.load_state_dict(state)
@@ -288,7 +292,7 @@ def from_gpt2_state_dict(state, n_layers):
             "embed.pos_emb.weight": state["transformer.wpe.weight"],
             "ln_f.weight": state["transformer.ln_f.weight"],
             "ln_f.bias": state["transformer.ln_f.bias"],
-            "head.weight": state["transformer.wte.weight"]}
+            "lm_head.weight": state["transformer.wte.weight"]}
     names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.qkv": "attn.c_attn",
              "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
     for i in range(n_layers):
@@ -342,7 +346,7 @@ def test_ablation_rows_add_one_change_each():
     assert abs(params["+swiglu"] - params["+rope"]) < 0.01 * params["+rope"]
     assert params["+swiglu"] - params["+no-bias"] == 4 * (4 * 128 + 2 * 344 + 128)
     assert isinstance(models["+rmsnorm"].ln_f, RMSNorm)
-    assert isinstance(models["+rope"].layers[0].feed_forward, MLP)
+    assert isinstance(models["+rope"].blocks[0].feed_forward, MLP)
 
 
 # --- the exercises -----------------------------------------------------------------------------

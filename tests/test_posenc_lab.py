@@ -6,6 +6,8 @@ import torch
 
 from solutions import ex14_posenc_lab
 from tiny_llm.embed import sinusoidal_table
+from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.loss import evaluate_loss
 from tiny_llm.posenc import (
     LearnedPositionalEncoding,
     RotaryEmbedding,
@@ -22,9 +24,8 @@ from tiny_llm.posenc_lab import (
     LabGPT,
     main,
     print_report,
+    rebuilt_longer,
     run_lab,
-    stretch,
-    valid_loss,
 )
 
 TINY = dict(vocab_size=50, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
@@ -114,15 +115,20 @@ def test_lab_config_rejects_bad_schemes():
         LabConfig(vocab_size=50, d_model=20, n_heads=4, pos="rope")
 
 
-def test_every_scheme_starts_from_the_same_block_weights():
+def test_learned_is_step_08s_gpt_and_the_other_schemes_share_their_first_weights():
     models = {}
     for pos in SCHEMES:
         torch.manual_seed(0)
         models[pos] = LabGPT(LabConfig(**TINY, pos=pos))
-    for pos in SCHEMES[1:]:
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(**TINY)).state_dict()
+    learned = models["learned"].state_dict()
+    assert learned.keys() == gpt.keys()  # embed.tok_emb, embed.pos_emb, blocks..., lm_head
+    assert all(torch.equal(learned[k], gpt[k]) for k in gpt)
+    for pos in ("sinusoidal", "rope", "alibi"):  # no table to draw: the same weights as none
         torch.testing.assert_close(models[pos].blocks[1].mlp.fc.weight,
                                    models["none"].blocks[1].mlp.fc.weight)
-    assert models["learned"].pos.pos_emb.weight.shape == (16, 32)
+    assert "embed.pos_emb.weight" not in models["rope"].state_dict()
 
 
 @pytest.mark.parametrize("pos", [p for p in SCHEMES if p != "learned"])
@@ -130,7 +136,7 @@ def test_stretch_rebuilds_a_formula_scheme_without_changing_it(pos):
     torch.manual_seed(0)
     model = LabGPT(LabConfig(**TINY, pos=pos)).eval()
     idx = torch.randint(0, 50, (2, 16))
-    longer = stretch(model, 64)
+    longer = rebuilt_longer(model, 64)
     torch.testing.assert_close(longer(idx)[0], model(idx)[0])
     assert longer(torch.randint(0, 50, (1, 64)))[0].shape == (1, 64, 50)
     with pytest.raises(ValueError, match="T=17 exceeds max_(seq_)?len=16"):
@@ -140,7 +146,7 @@ def test_stretch_rebuilds_a_formula_scheme_without_changing_it(pos):
 def test_stretch_refuses_learned_positions():
     model = LabGPT(LabConfig(**TINY, pos="learned"))
     with pytest.raises(ValueError, match="learned positions cannot be stretched"):
-        stretch(model, 32)
+        rebuilt_longer(model, 32)
 
 
 def test_every_scheme_trains_with_a_falling_loss(quick_lab):
@@ -157,7 +163,7 @@ def test_scores_at_longer_lengths_and_the_learned_refusal(quick_lab):
     for r in results.values():
         assert list(r["scores"]) == [exp.seq_len, 2 * exp.seq_len, 4 * exp.seq_len]
         assert 0 < r["scores"][exp.seq_len] < math.log(meta["vocab_size"])
-    assert "exceeds max_len=32" in results["learned"]["scores"][64]
+    assert "T=64 exceeds max_seq_len=32" in results["learned"]["scores"][64]
     assert all(isinstance(v, float) for v in results["alibi"]["scores"].values())
 
 
@@ -204,7 +210,8 @@ def test_solution_loss_by_position_averages_to_the_lab_loss():
     data = np.random.default_rng(0).integers(0, 100, 1025).astype(np.uint16)
     by_t = ex14_posenc_lab.exercise_6_loss_by_position(model, data, T=16, n_tokens=1024)
     assert by_t.shape == (16,)
-    assert by_t.mean().item() == pytest.approx(valid_loss(model, data, 16, 1024), rel=1e-5)
+    assert by_t.mean().item() == pytest.approx(
+        evaluate_loss(model, data[:1025], seq_len=16)["loss"], rel=1e-5)
 
 
 def test_quick_budget_is_small():

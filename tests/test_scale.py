@@ -93,7 +93,7 @@ def test_a_rank_that_fails_stops_the_job_with_its_error(sample_data_dir, tmp_pat
     script.write_text(
         "import os\nimport tiny_llm.train\nfrom tiny_llm.scale import main\n\n"
         "def broken(*args, **kwargs):\n    raise RuntimeError('rank 1 broke on purpose')\n\n"
-        "if os.environ['RANK'] == '1':\n    tiny_llm.train.update = broken\nmain()\n")
+        "if os.environ['RANK'] == '1':\n    tiny_llm.train.update_weights = broken\nmain()\n")
     proc = torchrun(warm_python, "--max-steps", "4", script=(str(script),), cwd=tmp_path,
                     data_dir=sample_data_dir)
     assert proc.returncode != 0

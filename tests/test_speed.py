@@ -99,6 +99,11 @@ def test_check_rejects_bad_flags(monkeypatch, capsys):
     assert "unknown device 'tpu'" in capsys.readouterr().err
 
 
+def test_the_training_forward_compiles_to_one_graph_without_breaks():
+    found = speed.graph_breaks(PRESETS["tiny"], batch_size=2)
+    assert (found.graph_count, found.graph_break_count) == (1, 0), found.break_reasons
+
+
 def test_solutions():
     n, flops, share = ex13_speed.exercise_1_flops()
     assert (n, flops) == (1_310_720, 9_437_184) and share == pytest.approx(1 / 6, abs=1e-3)

@@ -61,6 +61,7 @@ class MLP(nn.Module):
         self.fc = nn.Linear(d_model, 4 * d_model)  # widen: room for many features per token
         self.gelu = nn.GELU()
         self.proj = nn.Linear(4 * d_model, d_model)  # back to the residual stream
+        self.proj.residual_output = True  # init_weights starts it smaller
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
@@ -70,10 +71,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: (B, T, d_model) -> (B, T, d_model)."""
 
-    def __init__(self, d_model, n_heads, max_seq_len, dropout=0.0):
+    def __init__(self, d_model, n_heads, max_seq_len, dropout=0.0, attn=None):
+        """`attn`: an attention of your own (step 14's position schemes); default step 06's."""
         super().__init__()
         self.ln_1 = LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads, max_seq_len, dropout)
+        self.attn = attn or MultiHeadAttention(d_model, n_heads, max_seq_len, dropout)
         self.ln_2 = LayerNorm(d_model)
         self.mlp = MLP(d_model, dropout)
 
@@ -85,12 +87,18 @@ class Block(nn.Module):
 
 
 def init_weights(module, n_layers):
-    """GPT-2 style initialisation, in place; returns `module`.
+    """GPT-2's initialisation of every weight in `module`, in place; returns `module`.
 
-    Linear and Embedding weights ~ N(0, 0.02²), Linear biases 0. Every `*.proj.weight` (the
-    attention and MLP outputs that are added onto the residual stream) gets the smaller std
-    0.02/√(2·n_layers): a model makes 2·n_layers such additions, and this keeps their summed
-    variance the same whatever the depth. LayerNorm keeps its gain 1 and bias 0.
+        part                                        weight                    bias
+        nn.Embedding (tok_emb, pos_emb)             N(0, 0.02²)               -
+        nn.Linear                                   N(0, 0.02²)               0
+        nn.Linear with residual_output = True       N(0, (0.02/√(2·n_layers))²)   0
+        LayerNorm, RMSNorm                          gain 1, as built          0
+
+    The residual outputs (attention's and the MLP's last projection, marked where they are
+    built) are added onto the stream 2·n_layers times; the smaller std keeps the summed variance
+    the same whatever the depth. They are drawn twice (the plain std first) so that a seed gives
+    the weights it always gave.
     """
     if not isinstance(n_layers, int) or n_layers < 1:
         raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
@@ -99,10 +107,9 @@ def init_weights(module, n_layers):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
-    residual_std = 0.02 / math.sqrt(2 * n_layers)
-    for name, p in module.named_parameters():
-        if name.split(".")[-2:] == ["proj", "weight"]:
-            nn.init.normal_(p, mean=0.0, std=residual_std)
+    for m in module.modules():
+        if getattr(m, "residual_output", False):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layers))
     return module
 
 

@@ -14,10 +14,12 @@ two steps, where the state is consistent and worth saving: both are here too.
 """
 
 import importlib
+import json
 import random
 import signal
 import threading
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ import torch
 
 from tiny_llm.files import atomic_path
 from tiny_llm.paths import DATA_DIR
+from tiny_llm.processes import ONE_PROCESS
 from tiny_llm.tokenize import tokenizer_sha256
 
 REQUIRED_KEYS = ("model", "config", "step", "tokenizer_sha256")
@@ -120,9 +123,44 @@ def model_from_checkpoint(path, device="cpu", data_dir=DATA_DIR):
     """Rebuild the model saved in `path`, whatever its class (in eval mode, on `device`);
     return (model, ckpt)."""
     ckpt = load_checkpoint(path, device=device, data_dir=data_dir)
+    return model_from_state(ckpt).to(device).eval(), ckpt
+
+
+def model_from_state(ckpt):
+    """The model a loaded checkpoint dict holds: its recorded class, config and weights."""
     model = build_model(ckpt.get("model_class", DEFAULT_MODEL_CLASS), ckpt["config"])
     model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), ckpt
+    return model
+
+
+def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
+             parallel=ONE_PROCESS):
+    """Write ckpt.pt, then log.jsonl, each atomically: the log never runs ahead of the weights."""
+    model_state, optimizer_state = parallel.state_dicts(model, optimizer)  # every rank takes part
+    if parallel.rank != 0:  # rank 0 alone writes
+        return
+    save_checkpoint(ckpt_path, {
+        "model": model_state, "config": asdict(parallel.unwrap(model).config), "step": step,
+        "model_class": class_path(parallel.unwrap(model)),
+        "tokenizer_sha256": tokenizer_sha256(Path(cfg.data_dir) / "tokenizer.json"),
+        "data_source": meta["source"], "optimizer": optimizer_state,
+        "rng": rng_state(data_gen), "train_config": asdict(cfg),
+        # batches start at random offsets, so the data generator's state (in "rng") is the
+        # position in the data; these counts say how much the run has read
+        "data_position": {"batches": step * cfg.grad_accum, "tokens": records[-1]["tokens"]},
+    })
+    with atomic_path(ckpt_path.parent / "log.jsonl") as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def resume_run(ckpt, ckpt_path, model, optimizer, data_gen, parallel=ONE_PROCESS):
+    """Put a resumed run's optimizer and generators back as `ckpt` saved them; return the
+    log records up to its step (log.jsonl may run ahead of an interrupted save)."""
+    parallel.load_optimizer(model, optimizer, ckpt["optimizer"])
+    set_rng_state(ckpt["rng"], data_gen)
+    log = Path(ckpt_path).parent / "log.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return [r for r in records if r["step"] <= ckpt["step"]]
 
 
 def rng_state(data_gen):

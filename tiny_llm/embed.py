@@ -20,7 +20,10 @@ from tiny_llm.paths import RUNS_DIR
 
 
 def check_ids(idx, vocab_size, max_seq_len):
-    """Raise a clear error unless `idx` is a (B, T) integer tensor that fits the tables."""
+    """Raise a clear error unless `idx` is a (B, T) integer tensor that fits the tables.
+
+    Called where ids enter (get_batch's data, a prompt, a command line), not in every forward:
+    its min() and max() wait for the device, once per input rather than once per step."""
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"token ids must be a torch.Tensor, got {type(idx).__name__}: "
                         "use torch.tensor(ids) or the batches from get_batch")
@@ -30,11 +33,7 @@ def check_ids(idx, vocab_size, max_seq_len):
     if idx.dim() != 2:
         raise ValueError(f"expected a (B, T) batch of token ids, got shape {tuple(idx.shape)}: "
                          "for one sequence use idx.unsqueeze(0)")
-    T = idx.shape[1]
-    if T > max_seq_len:
-        raise ValueError(f"sequence length T={T} exceeds max_seq_len={max_seq_len}: there is no "
-                         f"position vector past {max_seq_len - 1}; keep the last {max_seq_len} "
-                         f"tokens (idx[:, -{max_seq_len}:]) or build with a larger max_seq_len")
+    check_length(idx.shape[1], max_seq_len)
     if idx.numel() > 0:
         low, high = idx.min().item(), idx.max().item()
         if low < 0 or high >= vocab_size:
@@ -43,13 +42,22 @@ def check_ids(idx, vocab_size, max_seq_len):
                              "use the tokenizer the model was built for (same vocab_size)")
 
 
+def check_length(T, max_seq_len):
+    """Raise a clear error if T positions do not fit a table of max_seq_len; free to call."""
+    if T > max_seq_len:
+        raise ValueError(f"sequence length T={T} exceeds max_seq_len={max_seq_len}: there is no "
+                         f"position vector past {max_seq_len - 1}; keep the last {max_seq_len} "
+                         f"tokens (idx[:, -{max_seq_len}:]) or build with a larger max_seq_len")
+
+
 class Embed(nn.Module):
     """Token embedding plus learned absolute position embedding, added.
 
     (B, T) int64 ids in, (B, T, d_model) float out:  out[b, t] = tok_emb[idx[b, t]] + pos_emb[t].
+    With learned_positions=False there is no pos_emb (positions come in attention, step 14).
     """
 
-    def __init__(self, vocab_size, d_model, max_seq_len):
+    def __init__(self, vocab_size, d_model, max_seq_len, learned_positions=True):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("max_seq_len", max_seq_len)):
@@ -57,18 +65,24 @@ class Embed(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.vocab_size, self.d_model, self.max_seq_len = vocab_size, d_model, max_seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)  # row i: the vector of token i
-        self.pos_emb = nn.Embedding(max_seq_len, d_model)  # row t: the vector of position t
+        self.pos_emb = nn.Embedding(max_seq_len, d_model) if learned_positions else None
         # PyTorch starts embeddings at N(0, 1); GPT-2 uses N(0, 0.02²) so that every input
         # starts small and alike, and training, not the random draw, decides what differs.
-        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=0.02)
-        nn.init.normal_(self.pos_emb.weight, mean=0.0, std=0.02)
+        for table in (self.tok_emb, self.pos_emb):
+            if table is not None:
+                nn.init.normal_(table.weight, mean=0.0, std=0.02)
 
     def forward(self, idx, start=0):
         """`start` is the position of idx[:, 0]: 0, except when a KV cache (step 12) already
-        holds the positions before it."""
-        check_ids(idx, self.vocab_size, self.max_seq_len - start)
-        pos = torch.arange(start, start + idx.shape[1], device=idx.device)  # (T,) = 0, 1, ..., T-1
-        return self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C) + (T, C) broadcasts over B
+        holds the positions before it. Ids are checked where they enter (check_ids); here
+        only the length, which costs nothing."""
+        T = idx.shape[1]
+        check_length(start + T, self.max_seq_len)  # the one check: a shape, no device sync
+        x = self.tok_emb(idx)  # (B, T, C): row idx[b, t] of the table
+        if self.pos_emb is None:
+            return x
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,) = start, ..., start + T - 1
+        return x + self.pos_emb(pos)  # (B, T, C) + (T, C) broadcasts over B
 
 
 def sinusoidal_table(max_len, d_model):

@@ -15,7 +15,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from tiny_llm.checkpoint import model_from_checkpoint
@@ -23,47 +22,9 @@ from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import pick_device
 from tiny_llm.files import save_figure
 from tiny_llm.generate import DEFAULTS, generate
+from tiny_llm.loss import evaluate_loss
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import load_tokenizer
-
-
-def windows(n_tokens, seq_len):
-    """Cut a file of n_tokens into (start, length) windows whose targets cover it exactly once.
-
-    Token 0 is never a target (nothing comes before it); tokens 1..n-1 each are, once:
-    windows(10, 4) -> [(0, 4), (4, 4), (8, 1)]   (x = data[s:s+len], y = data[s+1:s+len+1])
-    """
-    if n_tokens < 2:
-        raise ValueError(f"need at least 2 tokens to score one prediction, got {n_tokens}")
-    n_targets = n_tokens - 1
-    return [(start, min(seq_len, n_targets - start)) for start in range(0, n_targets, seq_len)]
-
-
-@torch.no_grad()
-def evaluate_loss(model, data, batch_size=16, max_batches=None, device="cpu"):
-    """Mean cross-entropy, nats per token, of `model` on a 1-D token array.
-
-    Windows of max_seq_len tokens, none overlapping, batch_size at a time (the last, shorter
-    window alone); max_batches stops early. Returns {"loss", "targets", "windows"}.
-    """
-    spans = windows(len(data), model.config.max_seq_len)
-    full = [s for s, n in spans if n == model.config.max_seq_len]
-    batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
-    batches += [[s] for s, n in spans if n < model.config.max_seq_len]  # the tail window
-    if max_batches is not None:
-        batches = batches[:max_batches]
-    model.eval()
-    total_nats, n_targets, n_windows = 0.0, 0, 0
-    for starts in batches:
-        length = min(model.config.max_seq_len, len(data) - 1 - starts[0])
-        rows = np.stack([data[s : s + length + 1] for s in starts]).astype(np.int64)
-        rows = torch.from_numpy(rows)  # (B, T + 1)
-        x, y = rows[:, :-1].to(device), rows[:, 1:].to(device)  # (B, T) each, y one token ahead
-        _, loss = model(x, y)  # the mean over B·T targets
-        total_nats += loss.item() * y.numel()
-        n_targets += y.numel()
-        n_windows += len(starts)
-    return {"loss": total_nats / n_targets, "targets": n_targets, "windows": n_windows}
 
 
 def bits_per_byte(loss, tokens, n_bytes):

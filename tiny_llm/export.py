@@ -39,8 +39,8 @@ GPT2_NAMES = [(r"^embed\.tok_emb", "transformer.wte"), (r"^embed\.pos_emb", "tra
               (r"^blocks\.", "transformer.h."), (r"^ln_f", "transformer.ln_f"),
               (r"attn\.qkv", "attn.c_attn"), (r"attn\.proj", "attn.c_proj"),
               (r"mlp\.fc", "mlp.c_fc"), (r"mlp\.proj", "mlp.c_proj")]
-LLAMA_NAMES = [(r"^tok_emb", "model.embed_tokens"), (r"^norm", "model.norm"),
-               (r"^output", "lm_head"), (r"^layers\.", "model.layers."),
+LLAMA_NAMES = [(r"^embed\.tok_emb", "model.embed_tokens"), (r"^ln_f", "model.norm"),
+               (r"^blocks\.", "model.layers."),
                (r"attention\.w([qkvo])", r"self_attn.\1_proj"),
                (r"feed_forward\.w1", "mlp.gate_proj"), (r"feed_forward\.w3", "mlp.up_proj"),
                (r"feed_forward\.w2", "mlp.down_proj"), (r"attention_norm", "input_layernorm"),

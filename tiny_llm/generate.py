@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.device import pick_device
+from tiny_llm.embed import check_ids
 from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
@@ -90,6 +91,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
         raise ValueError(f"idx must be a (1, T) tensor of token ids with T >= 1, got {shape}: "
                          "for an empty prompt start from [[eot_id]]")
+    check_ids(idx, model.config.vocab_size, math.inf)  # the prompt is cropped below, not refused
     was_training = model.training
     model.eval()  # no dropout while writing
     M = model.config.max_seq_len  # the model has no positions beyond this

@@ -19,14 +19,13 @@ import torch.nn.functional as F
 from tiny_llm.block import Block, LayerNorm, init_weights
 from tiny_llm.device import seed_everything
 from tiny_llm.embed import Embed
-from tiny_llm.tokenize import VOCAB_SIZE
 
 
 @dataclass
 class GPTConfig:
     """The size of a GPT. Every field is checked when the config is made."""
 
-    vocab_size: int = VOCAB_SIZE  # how many different token ids (step 02's tokenizer: 4096)
+    vocab_size: int = 4096  # how many different token ids (step 02's tokenizer.VOCAB_SIZE)
     max_seq_len: int = 256  # the longest context the model can read (position table size)
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # how many blocks
@@ -62,29 +61,41 @@ DEFAULT_PRESET = "small"
 
 
 class GPT(nn.Module):
-    """A decoder-only transformer: (B, T) token ids -> (B, T, vocab_size) next-token logits."""
+    """A decoder-only transformer: (B, T) token ids -> (B, T, vocab_size) next-token logits.
+
+    A variant (step 14's position schemes, step 15's modern model) is a subclass that overrides
+    what it builds differently, `make_embed`, `make_block` or `make_norm`; forward is this one.
+    """
 
     config_class = GPTConfig  # what a checkpoint's "config" dict is rebuilt into
     presets = PRESETS
 
     def __init__(self, config):
         super().__init__()
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"GPT expects a GPTConfig, got {type(config).__name__}: "
-                            "use GPT(GPTConfig(...)) or GPT(PRESETS['small'])")
-        self.config = config
-        c = config
-        self.embed = Embed(c.vocab_size, c.d_model, c.max_seq_len)
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} expects a {self.config_class.__name__}, got "
+                            f"{type(config).__name__}: use {type(self).__name__}("
+                            f"{self.config_class.__name__}(...)) or one of its presets")
+        self.config = c = config
+        self.embed = self.make_embed(c)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            [Block(c.d_model, c.n_heads, c.max_seq_len, c.dropout) for _ in range(c.n_layers)]
-        )
-        self.ln_f = LayerNorm(c.d_model)
-        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        # Weight tying: the head scores token v by a dot product with token v's own embedding,
-        # so reading and writing a token share one (vocab_size, d_model) matrix.
-        self.head.weight = self.embed.tok_emb.weight
+        self.blocks = nn.ModuleList([self.make_block(c) for _ in range(c.n_layers)])
+        self.ln_f = self.make_norm(c)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)  # the output layer
+        if getattr(c, "tie_embeddings", True):
+            # Weight tying: the output layer scores token v by a dot product with token v's own
+            # embedding, so reading and writing a token share one (vocab_size, d_model) matrix.
+            self.lm_head.weight = self.embed.tok_emb.weight
         init_weights(self, c.n_layers)
+
+    def make_embed(self, c):
+        return Embed(c.vocab_size, c.d_model, c.max_seq_len)  # step 04: tok_emb + pos_emb
+
+    def make_block(self, c):
+        return Block(c.d_model, c.n_heads, c.max_seq_len, c.dropout)  # step 07
+
+    def make_norm(self, c):
+        return LayerNorm(c.d_model)
 
     def forward(self, idx, targets=None, cache=None):
         """(B, T) int ids -> (logits (B, T, vocab_size), loss or None).
@@ -92,17 +103,16 @@ class GPT(nn.Module):
         With `targets` (B, T) int ids (the next token at each position), loss is the mean
         cross-entropy over every position; positions whose target is -1 are left out.
         With a `cache` (step 12's KVCache; eval mode only), idx holds only the tokens that
-        follow the cache.length positions it already holds.
+        follow the cache.length positions it already holds. Ids are checked where they enter
+        (embed.check_ids); the forward checks shapes only, which costs no device sync.
         """
-        if targets is not None:
-            self._check_targets(idx, targets)
         start = 0 if cache is None else self._check_cache(cache, idx)
-        x = self.drop(self.embed(idx, start))  # (B, T, C); Embed checks ids, dtype, rank, T
+        x = self.drop(self.embed(idx, start))  # (B, T, C); Embed checks that T fits
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)
         if cache is not None:
             cache.length += idx.shape[1]  # every layer has stored the new keys and values
-        logits = self.head(self.ln_f(x))  # (B, T, V)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
         # cross_entropy wants (N, V) scores and (N,) targets: flatten batch and time together
@@ -110,15 +120,17 @@ class GPT(nn.Module):
         return logits, loss
 
     def num_params(self, non_embedding=False):
-        """Count parameters; the tied embedding/head matrix is one tensor and counts once.
+        """Count parameters; the tied embedding/output matrix is one tensor and counts once.
 
-        non_embedding=True leaves out both embedding tables (tok_emb, which is also the head,
-        and pos_emb) and returns what the blocks and ln_f hold:
+        non_embedding=True leaves out the embedding tables (tok_emb, which is also the output
+        layer, and pos_emb) and returns what the blocks and ln_f hold; for step 08's GPT
         n_layers·(12·d_model² + 13·d_model) + 2·d_model.
         """
         total = sum(p.numel() for p in self.parameters())  # parameters() yields a shared one once
         if non_embedding:
-            total -= self.embed.tok_emb.weight.numel() + self.embed.pos_emb.weight.numel()
+            total -= sum(p.numel() for p in self.embed.parameters())
+            if self.lm_head.weight is not self.embed.tok_emb.weight:  # untied (step 15)
+                total -= self.lm_head.weight.numel()
         return total
 
     def _check_cache(self, cache, idx):
@@ -135,21 +147,20 @@ class GPT(nn.Module):
                              "empty cache, then one token at a time")
         return start
 
-    def _check_targets(self, idx, targets):
-        if not torch.is_tensor(targets) or targets.is_floating_point():
-            kind = targets.dtype if torch.is_tensor(targets) else type(targets).__name__
-            raise TypeError(f"targets must be integer token ids, got {kind}: use y from get_batch")
-        if torch.is_tensor(idx) and targets.shape != idx.shape:
-            raise ValueError(
-                f"targets shape {tuple(targets.shape)} does not match idx shape "
-                f"{tuple(idx.shape)}: targets[b, t] is the token that follows idx[b, t]"
-            )
-        low, high = (targets.min().item(), targets.max().item()) if targets.numel() else (0, 0)
-        if low < -1 or high >= self.config.vocab_size:
-            raise ValueError(
-                f"targets must be token ids in [0, {self.config.vocab_size}) or -1 (ignored), "
-                f"got values from {low} to {high}"
-            )
+
+def check_targets(idx, targets, vocab_size):
+    """Raise a clear error unless `targets` are next-token ids for `idx`: same shape, integers
+    in [0, vocab_size) or -1 (left out of the loss). For data from outside, not every step."""
+    if not torch.is_tensor(targets) or targets.is_floating_point():
+        kind = targets.dtype if torch.is_tensor(targets) else type(targets).__name__
+        raise TypeError(f"targets must be integer token ids, got {kind}: use y from get_batch")
+    if targets.shape != idx.shape:
+        raise ValueError(f"targets shape {tuple(targets.shape)} does not match idx shape "
+                         f"{tuple(idx.shape)}: targets[b, t] is the token that follows idx[b, t]")
+    low, high = (targets.min().item(), targets.max().item()) if targets.numel() else (0, 0)
+    if low < -1 or high >= vocab_size:
+        raise ValueError(f"targets must be token ids in [0, {vocab_size}) or -1 (ignored), "
+                         f"got values from {low} to {high}")
 
 
 def main():
@@ -171,10 +182,10 @@ def main():
     print(f"{'parameters':<26} {model.num_params():,}")
     print(f"{'  without embeddings':<26} {model.num_params(non_embedding=True):,}")
     print(f"{'  L·(12·d² + 13·d) + 2·d':<26} {config.n_layers * (12 * d * d + 13 * d) + 2 * d:,}")
-    print(f"{'  tok_emb = head':<26} {V * d:,} (counted once)")
+    print(f"{'  tok_emb = lm_head':<26} {V * d:,} (counted once)")
     print(f"{'  pos_emb':<26} {config.max_seq_len * d:,}")
-    tied = model.head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
-    print(f"{'head shares tok_emb':<26} {tied}")
+    tied = model.lm_head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
+    print(f"{'lm_head shares tok_emb':<26} {tied}")
     print(f"{'idx, logits':<26} {tuple(idx.shape)} -> {tuple(logits.shape)}")
     print(f"{'initial loss':<26} {loss.item():.3f}")
     print(f"{'ln(vocab_size)':<26} {math.log(V):.3f}")

@@ -6,8 +6,9 @@ in every attention instead of a learned position table; a gated SwiGLU feed-forw
 the GELU MLP; no biases; and grouped-query attention (n_kv_heads < n_heads: each key/value head
 serves a group of query heads, so step 12's KV cache shrinks by n_heads / n_kv_heads).
 
-The parameter names are those of Meta's LLaMA code (tok_emb, layers[i].attention.wq,
-layers[i].feed_forward.w1, ...), so LLaMA-layout weights load one to one.
+`ModernGPT` is step 08's GPT with these parts swapped in, so it trains, saves, evaluates and
+decodes through the same code. Inside a block the names are those of Meta's LLaMA code
+(blocks[i].attention.wq, blocks[i].feed_forward.w1, ...), so LLaMA weights map one to one.
 
 Run the check:  uv run python -m tiny_llm.modern
 """
@@ -20,9 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tiny_llm import posenc
-from tiny_llm.block import LayerNorm, init_weights
+from tiny_llm.block import LayerNorm
 from tiny_llm.device import seed_everything
-from tiny_llm.embed import check_ids
+from tiny_llm.embed import Embed
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
@@ -57,6 +58,7 @@ class SwiGLU(nn.Module):
         self.w1 = nn.Linear(d_model, d_ff, bias=False)  # gate
         self.w3 = nn.Linear(d_model, d_ff, bias=False)  # up
         self.w2 = nn.Linear(d_ff, d_model, bias=False)  # down
+        self.w2.residual_output = True  # step 07's init_weights starts it smaller
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -92,7 +94,7 @@ class ModernConfig:
     d_ff: int = 344  # SwiGLU width, swiglu_size(d_model)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
-    tie_embeddings: bool = True  # the output head reuses tok_emb, as step 08 does
+    tie_embeddings: bool = True  # the output layer lm_head reuses tok_emb, as step 08 does
     dropout: float = 0.0  # the main job passes it; LLaMA trains without, and so does this model
 
     def __post_init__(self):
@@ -138,6 +140,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(c.d_model, c.n_kv_heads * hs, bias=False)  # fewer heads for k, v
         self.wv = nn.Linear(c.d_model, c.n_kv_heads * hs, bias=False)
         self.wo = nn.Linear(c.n_heads * hs, c.d_model, bias=False)
+        self.wo.residual_output = True  # step 07's init_weights starts it smaller
         self.rope = RotaryEmbedding(hs, c.max_seq_len, c.rope_theta)
 
     def forward(self, x, cache=None, layer=0):
@@ -169,52 +172,23 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class ModernGPT(nn.Module):
-    """A LLaMA-style decoder: (B, T) token ids -> (B, T, vocab_size) next-token logits."""
+class ModernGPT(GPT):
+    """A LLaMA-style decoder: (B, T) token ids -> (B, T, vocab_size) next-token logits.
+
+    Step 08's GPT with other parts: the embedding without a position table (RoPE is in every
+    attention), TransformerBlock, RMSNorm. Its forward, KV cache guard and counting are GPT's."""
 
     config_class = ModernConfig  # what a checkpoint's "config" dict is rebuilt into
     presets = PRESETS
 
-    def __init__(self, config):
-        super().__init__()
-        if not isinstance(config, ModernConfig):
-            raise TypeError(f"ModernGPT expects a ModernConfig, got {type(config).__name__}: "
-                            "use ModernGPT(ModernConfig(...)) or ModernGPT(PRESETS['small'])")
-        self.config = c = config
-        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)  # no position table: RoPE instead
-        self.layers = nn.ModuleList([TransformerBlock(c) for _ in range(c.n_layers)])
-        self.norm = RMSNorm(c.d_model, c.norm_eps)
-        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        if c.tie_embeddings:
-            self.output.weight = self.tok_emb.weight
-        init_weights(self, c.n_layers)  # step 07: every matrix N(0, 0.02²) ...
-        for name, p in self.named_parameters():  # ... and the residual outputs smaller
-            if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
+    def make_embed(self, c):
+        return Embed(c.vocab_size, c.d_model, c.max_seq_len, learned_positions=False)
 
-    def forward(self, idx, targets=None, cache=None):
-        """(B, T) int ids -> (logits (B, T, vocab_size), loss or None), as step 08's GPT.
+    def make_block(self, c):
+        return TransformerBlock(c)
 
-        With a KV cache the ids sit at positions cache.length .. cache.length + T - 1."""
-        start = 0 if cache is None else cache.length
-        check_ids(idx, self.config.vocab_size, self.config.max_seq_len - start)  # step 04's
-        x = self.tok_emb(idx)  # (B, T, C)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cache, i)
-        if cache is not None:
-            cache.length += idx.shape[1]
-        logits = self.output(self.norm(x))  # (B, T, V)
-        if targets is None:
-            return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
-
-    def num_params(self, non_embedding=False):
-        """Count parameters, a tied matrix once; non_embedding leaves out tok_emb and output."""
-        total = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            total -= self.tok_emb.weight.numel() * (1 if self.config.tie_embeddings else 2)
-        return total
-
+    def make_norm(self, c):
+        return RMSNorm(c.d_model, c.norm_eps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,13 +225,13 @@ def compare(gpt, modern):
 
     idx, targets = torch.randint(0, gpt.config.vocab_size, (2, 4, gpt.config.max_seq_len))
     rows = {"parameters": (gpt.num_params(), modern.num_params()),
-            "  token embedding": (count(gpt, "embed.tok_emb"), count(modern, "tok_emb")),
+            "  token embedding": (count(gpt, "embed.tok_emb"), count(modern, "embed.tok_emb")),
             "  position table": (count(gpt, "embed.pos_emb"), 0),
             "  attention, per layer": (count(gpt, "blocks.0.attn."),
-                                       count(modern, "layers.0.attention.")),
-            "  MLP, per layer": (count(gpt, "blocks.0.mlp."), count(modern, "layers.0.feed_")),
+                                       count(modern, "blocks.0.attention.")),
+            "  MLP, per layer": (count(gpt, "blocks.0.mlp."), count(modern, "blocks.0.feed_")),
             "  norms, per layer": (count(gpt, "blocks.0.ln_"),
-                                   count(modern, ("layers.0.attention_", "layers.0.ffn_"))),
+                                   count(modern, ("blocks.0.attention_", "blocks.0.ffn_"))),
             "  biases, all layers": tuple(sum(p.numel() for n, p in m.named_parameters()
                                               if n.endswith("bias")) for m in (gpt, modern)),
             "k/v heads per layer": (gpt.config.n_heads, modern.config.n_kv_heads),

@@ -73,6 +73,7 @@ class MultiHeadAttention(nn.Module):
         self.use_sdpa = True  # False: the explicit path below, same numbers, more memory
         self.qkv = nn.Linear(d_model, 3 * d_model)  # q, k and v of every head in one matmul
         self.proj = nn.Linear(d_model, d_model)  # mixes the heads' outputs back together
+        self.proj.residual_output = True  # added onto the residual stream: step 07's init_weights
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
         # mask[i, j] is True where query i may look at key j (j <= i). Not saved with the

@@ -17,26 +17,18 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from tiny_llm.block import Block, LayerNorm, init_weights
+from tiny_llm.block import Block
 from tiny_llm.data import DATA_DIR, ensure_data, load_token_array
 from tiny_llm.device import pick_device, seed_everything
-from tiny_llm.embed import check_ids
-from tiny_llm.gpt import GPTConfig
+from tiny_llm.embed import Embed, sinusoidal_table
+from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.loss import evaluate_loss
 from tiny_llm.multihead import MultiHeadAttention
-from tiny_llm.posenc import (
-    LearnedPositionalEncoding,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    alibi_bias,
-    draw_figures,
-)
-from tiny_llm.train import TrainConfig, lr_at, param_groups, update
+from tiny_llm.posenc import RotaryEmbedding, alibi_bias, draw_figures
+from tiny_llm.train import TrainConfig, lr_at, param_groups, update_weights
 
 SCHEMES = ("none", "learned", "sinusoidal", "rope", "alibi")
 # sin and cos have an RMS of 1/√2, 35 times the 0.02 of a token embedding at init: added as
@@ -86,56 +78,43 @@ class LabAttention(MultiHeadAttention):
         return self.alibi[:, n_keys - n_queries : n_keys, :n_keys]  # the rows of the new queries
 
 
-class LabBlock(Block):
-    """Step 07's block with LabAttention in place of MultiHeadAttention."""
+class LabEmbed(Embed):
+    """Step 04's Embed with the scheme's additive positions: a learned table (pos_emb), a fixed
+    sinusoidal one, or none (RoPE and ALiBi work inside attention). (B, T) -> (B, T, C)."""
 
-    def __init__(self, config):
-        c = config
-        super().__init__(c.d_model, c.n_heads, c.max_seq_len, c.dropout)
-        self.attn = LabAttention(c.d_model, c.n_heads, c.max_seq_len, c.pos, c.dropout)
+    def __init__(self, c):
+        super().__init__(c.vocab_size, c.d_model, c.max_seq_len,
+                         learned_positions=c.pos == "learned")
+        table = c.sinusoidal_scale * sinusoidal_table(c.max_seq_len, c.d_model)
+        # a formula of the position: rebuilt for any length, never saved (persistent=False)
+        self.register_buffer("sinusoidal", table if c.pos == "sinusoidal" else None,
+                             persistent=False)
 
-
-def additive_positions(config):
-    """The part added to the residual stream: a table for learned/sinusoidal, else nothing."""
-    if config.pos == "learned":
-        return LearnedPositionalEncoding(config.max_seq_len, config.d_model)
-    if config.pos == "sinusoidal":
-        return SinusoidalPositionalEncoding(config.max_seq_len, config.d_model,
-                                            scale=config.sinusoidal_scale)
-    return nn.Identity()  # none, rope, alibi: the blocks see tokens only
-
-
-class LabGPT(nn.Module):
-    """Step 08's GPT with a choice of position scheme: (B, T) ids -> (B, T, vocab_size) logits."""
-
-    def __init__(self, config):
-        super().__init__()
-        if not isinstance(config, LabConfig):
-            raise TypeError(f"LabGPT expects a LabConfig, got {type(config).__name__}")
-        self.config = c = config
-        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList([LabBlock(c) for _ in range(c.n_layers)])
-        self.ln_f = LayerNorm(c.d_model)
-        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        self.head.weight = self.tok_emb.weight  # tied, as in step 08
-        init_weights(self, c.n_layers)
-        # Made last, so that under one seed every scheme starts from the same other weights.
-        self.pos = additive_positions(c)
-
-    def forward(self, idx, targets=None):
-        """(B, T) ids -> (logits (B, T, V), mean cross-entropy against `targets` or None)."""
-        check_ids(idx, self.config.vocab_size, math.inf)  # each scheme checks T itself
-        x = self.drop(self.pos(self.tok_emb(idx)))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.ln_f(x))  # (B, T, V)
-        if targets is None:
-            return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+    def forward(self, idx, start=0):
+        x = super().forward(idx, start)  # tok_emb, plus pos_emb if learned
+        if self.sinusoidal is None:
+            return x
+        return x + self.sinusoidal[start : start + idx.shape[1]]
 
 
-def stretch(model, max_seq_len):
+class LabGPT(GPT):
+    """Step 08's GPT with a choice of position scheme: (B, T) ids -> (B, T, vocab_size) logits.
+
+    It overrides only what it builds differently: the embedding and the attention. Training,
+    checkpoints, step 11's evaluation and step 12's cache take it as they take GPT."""
+
+    config_class = LabConfig
+    presets = {}  # built by the lab from an Experiment, not by name
+
+    def make_embed(self, c):
+        return LabEmbed(c)
+
+    def make_block(self, c):
+        attn = LabAttention(c.d_model, c.n_heads, c.max_seq_len, c.pos, c.dropout)
+        return Block(c.d_model, c.n_heads, c.max_seq_len, c.dropout, attn=attn)
+
+
+def rebuilt_longer(model, max_seq_len):
     """The same trained weights in a LabGPT built for sequences up to `max_seq_len`.
 
     Every buffer (causal mask, sinusoidal table, RoPE angles, ALiBi biases) is a formula of the
@@ -178,7 +157,7 @@ def train_scheme(pos, exp, data, vocab_size, device):
     cfg = TrainConfig(max_steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
                       min_lr=exp.lr / 10, warmup_steps=max(1, exp.steps // 10),
                       dtype="float32", seed=exp.seed)
-    seed_everything(exp.seed)  # the same first weights for every scheme (see LabGPT)
+    seed_everything(exp.seed)  # every scheme starts from the same seed
     config = LabConfig(vocab_size=vocab_size, max_seq_len=exp.seq_len, d_model=exp.d_model,
                        n_layers=exp.n_layers, n_heads=exp.n_heads, pos=pos,
                        sinusoidal_scale=exp.sinusoidal_scale)
@@ -189,25 +168,8 @@ def train_scheme(pos, exp, data, vocab_size, device):
     losses = []
     for step in tqdm(range(cfg.max_steps), desc=pos, leave=False):  # step 10's loop, in short
         lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
-        losses.append(update(model, optimizer, data, cfg, device, generator, lr, step))
+        losses.append(update_weights(model, optimizer, data, cfg, device, generator, lr, step))
     return model.eval(), losses
-
-
-@torch.no_grad()
-def valid_loss(model, data, T, n_tokens, batch_size=16):
-    """Mean loss over the first `n_tokens` targets of `data`, read as n_tokens / T windows of T.
-
-    Every T sees the same targets; only how much context precedes each of them changes.
-    """
-    n = n_tokens // T
-    tokens = torch.from_numpy(data[: n * T + 1].astype(np.int64))
-    x, y = tokens[:-1].view(n, T), tokens[1:].view(n, T)  # y = x shifted by one token
-    device = next(model.parameters()).device
-    total = 0.0
-    for i in range(0, n, batch_size):
-        xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        total += model(xb, yb)[1].item() * len(xb)
-    return total / n
 
 
 def score_lengths(model, data, exp):
@@ -216,8 +178,10 @@ def score_lengths(model, data, exp):
     for T in (k * exp.seq_len for k in LENGTHS):
         try:
             if T > exp.seq_len and model.config.pos != "learned":
-                model = stretch(model, T)  # a formula: rebuild its buffers for length T
-            scores[T] = valid_loss(model, data, T, exp.eval_tokens)
+                model = rebuilt_longer(model, T)  # a formula: rebuild its buffers for length T
+            # the first eval_tokens targets, in windows of T: the same targets at every T
+            scores[T] = evaluate_loss(model, data[: exp.eval_tokens + 1], seq_len=T,
+                                      device=next(model.parameters()).device)["loss"]
         except ValueError as error:  # a learned table refuses, in its own words
             scores[T] = f"{type(error).__name__}: {error}"
     return scores

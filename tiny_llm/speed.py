@@ -174,6 +174,15 @@ def profile_step(config, setting, batch_size, device, rows=12):
     return events.table(sort_by=key, row_limit=rows), heavy / max(sum(own(e) for e in events), 1)
 
 
+def graph_breaks(config, batch_size=16):
+    """torch._dynamo.explain over the training forward (train mode, with targets): the graphs
+    torch.compile would cut it into, and why. One graph and no break: nothing runs in Python."""
+    seed_everything(1337)
+    model = GPT(config).train()
+    x, y = torch.randint(0, config.vocab_size, (2, batch_size, config.max_seq_len))
+    return torch._dynamo.explain(model)(x, y)
+
+
 def cpu_name():
     """The CPU's model name, from /proc/cpuinfo where there is one."""
     try:
@@ -202,6 +211,8 @@ def main():
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (slow)")
     parser.add_argument("--profile", action="store_true", help="print the profiler's table")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    parser.add_argument("--graph-breaks", action="store_true",
+                        help="only count the graph breaks torch.compile meets in the forward")
     args = parser.parse_args()
     if args.batch_size < 1 or args.steps < 1:
         parser.error(f"--batch-size and --steps must be >= 1, got {args.batch_size}, {args.steps}")
@@ -210,6 +221,15 @@ def main():
     except ValueError as err:
         parser.error(str(err))
     config = PRESETS[args.preset]
+    if args.graph_breaks:
+        found = graph_breaks(config, args.batch_size)
+        print(f"{'forward':<16} {args.preset} GPT in training mode, batch {args.batch_size}")
+        print(f"{'graphs':<16} {found.graph_count}")
+        print(f"{'graph breaks':<16} {found.graph_break_count}")
+        print(f"{'operators':<16} {found.op_count}")
+        for reason in found.break_reasons:
+            print(f"{'break':<16} {reason.reason}")
+        return
     n_matmul = matmul_params(GPT(config))
     flops = flops_per_token(config, n_matmul)
     peaks = {dtype: peak_gflops(device, dtype) for dtype in ("float32", "bfloat16")}

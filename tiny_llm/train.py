@@ -1,9 +1,8 @@
 """Step 10: training the GPT, with checkpoints that resume exactly.
 
 The loop: draw a batch from train.bin, predict every next token, measure the cross-entropy,
-follow its gradient with AdamW, repeat. Around it: warmup and cosine decay of the learning rate,
-gradient clipping and accumulation, evaluation on valid.bin, a log, and a checkpoint holding all
-a run needs to continue as if it had never stopped (weights, optimizer moments, every RNG).
+follow its gradient with AdamW, repeat. Around it: learning-rate warmup and cosine decay, gradient
+clipping and accumulation, evaluations, a log, and a checkpoint that resumes exactly (every RNG).
 
 Run the main job:  uv run python -m tiny_llm.train      (prepares data first if there is none)
 A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 --out runs/demo
@@ -11,11 +10,10 @@ A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 
 
 import argparse
 import importlib
-import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -23,23 +21,19 @@ from tqdm import tqdm
 
 from tiny_llm.budget import fit_budget, pace_steps, parse_duration
 from tiny_llm.checkpoint import (
-    DEFAULT_MODEL_CLASS,
-    build_model,
-    class_path,
     load_checkpoint,
     model_class,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
+    model_from_state,
+    resume_run,
+    save_run,
     stop_on_ctrl_c,
 )
 from tiny_llm.data import ensure_data, get_batch, load_token_array
 from tiny_llm.device import autocast, kept_memory, pick_device, seed_everything
-from tiny_llm.files import atomic_path
 from tiny_llm.generate import story_from_checkpoint
+from tiny_llm.loss import mean_loss
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
 from tiny_llm.processes import ONE_PROCESS
-from tiny_llm.tokenize import tokenizer_sha256
 
 
 @dataclass
@@ -70,34 +64,31 @@ class TrainConfig:
     seed: int = 1337
     data_dir: str = str(DATA_DIR)
 
-
-def check_config(cfg):
-    """Raise a clear error for a setting that cannot work."""
-    presets = model_class(cfg.model).presets  # a clear error for an unknown --model
-    if cfg.preset not in presets:
-        raise ValueError(f"unknown preset {cfg.preset!r} for --model {cfg.model}: choose one of "
-                         f"{', '.join(presets)}")
-    if cfg.optimizer not in ("adamw", "muon"):
-        raise ValueError(f"optimizer must be adamw or muon, got {cfg.optimizer!r}")
-    if cfg.dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
-    if cfg.max_steps == 0 and not cfg.time_budget > 0:
-        raise ValueError("give the run a length: --max-steps N, or --time-budget like 10m")
-    lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
-              "eval_interval": 1, "eval_iters": 1, "lr_decay_steps": 0}
-    for name, low in lowest.items():
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if not (0 < cfg.lr < 1 and 0 <= cfg.min_lr <= cfg.lr and cfg.weight_decay >= 0
-            and cfg.grad_clip >= 0):
-        raise ValueError(f"need 0 < lr < 1, 0 <= min_lr <= lr, weight_decay >= 0, grad_clip >= 0;"
-                         f" got {cfg.lr}, {cfg.min_lr}, {cfg.weight_decay}, {cfg.grad_clip}")
+    def __post_init__(self):
+        """Checked once, when the config is made: a clear error for a setting that cannot work."""
+        presets = model_class(self.model).presets  # a clear error for an unknown --model
+        if self.preset not in presets:
+            raise ValueError(f"unknown preset {self.preset!r} for --model {self.model}: choose "
+                             f"one of {', '.join(presets)}")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        if self.max_steps == 0 and not self.time_budget > 0:
+            raise ValueError("give the run a length: --max-steps N, or --time-budget like 10m")
+        lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
+                  "eval_interval": 1, "eval_iters": 1, "lr_decay_steps": 0}
+        for name, low in lowest.items():
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {getattr(self, name)!r}")
+        if not (0 < self.lr < 1 and 0 <= self.min_lr <= self.lr and self.weight_decay >= 0
+                and self.grad_clip >= 0):
+            raise ValueError(f"need 0 < lr < 1, 0 <= min_lr <= lr, weight_decay, grad_clip >= 0; "
+                             f"got {self.lr}, {self.min_lr}, {self.weight_decay}, {self.grad_clip}")
 
 
 def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps):
     """Learning rate for update number `step` (0-based): linear warmup, then cosine to min_lr.
-
     max_lr=1e-3, min_lr=1e-4, warmup 100, decay 1000: step 0 -> 1e-5, step 99 -> 1e-3,
     step 550 (halfway down) -> 5.5e-4, step 1000 and later -> 1e-4.
     """
@@ -109,36 +100,19 @@ def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps):
 
 def param_groups(model, weight_decay):
     """AdamW groups: decay the matrices (2-D: Linear and Embedding weights) and nothing else.
-
-    Biases and LayerNorm gains are 1-D: pulling them towards 0 would only fight the scale and
-    offset they exist to set. The tied tok_emb/head matrix is one tensor, listed (and decayed) once.
-    """
+    Pulling 1-D biases and gains towards 0 would only fight the scale and offset they exist to
+    set. The tied tok_emb/lm_head matrix is one tensor, decayed once."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def make_optimizer(model, cfg, device):
-    """AdamW, fused: the whole update in one kernel per parameter group (CPU and CUDA), same
-    math. --optimizer muon names step 15's optimizer, imported by name (course order)."""
-    if cfg.optimizer == "muon":
-        return importlib.import_module("tiny_llm.muon").muon_adamw(model, cfg)
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95),
-                             fused=device.type in ("cpu", "cuda"))
-
-
-@torch.no_grad()
 def estimate_loss(model, data, cfg, device):
     """Mean loss over eval_iters batches drawn with a fixed seed: the same batches every time."""
     generator = torch.Generator().manual_seed(cfg.seed)
-    model.eval()
-    total = 0.0
-    for _ in range(cfg.eval_iters):
-        x, y = get_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
-        with autocast(device, cfg.dtype):
-            total += model(x, y)[1].item()
-    model.train()
-    return total / cfg.eval_iters
+    batches = (get_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
+               for _ in range(cfg.eval_iters))
+    return mean_loss(model, batches, device, cfg.dtype)[0]
 
 
 def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCESS):
@@ -157,17 +131,15 @@ def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCE
 
 
 def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
-    """The model, optimizer, data generator, step and log records: fresh, or from ckpt_path."""
-    ckpt = None
-    if cfg.resume:
-        ckpt = load_checkpoint(ckpt_path, data_dir=cfg.data_dir)  # checks the tokenizer too
-    elif ckpt_path.exists():
+    """The model, optimizer, data generator, step, log records and cfg (with the step count a
+    budget fixed): fresh, or from ckpt_path, read once."""
+    ckpt = load_checkpoint(ckpt_path, data_dir=cfg.data_dir) if cfg.resume else None  # + tokenizer
+    if ckpt is None and ckpt_path.exists():
         raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
                               "or pass another --out (or delete the folder) to start afresh")
     seed_everything(cfg.seed)
     if ckpt:
-        model = build_model(ckpt.get("model_class", DEFAULT_MODEL_CLASS), ckpt["config"])
-        model.load_state_dict(ckpt["model"])  # into the whole model, before step 16 shards it
+        model = model_from_state(ckpt)  # the whole model, before step 16 shards it
     else:
         cls = model_class(cfg.model)
         model = cls(replace(cls.presets[cfg.preset], vocab_size=meta["vocab_size"],
@@ -176,19 +148,21 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     if cfg.compile:
         model.compile()  # in place: the state_dict keeps its names
     model = parallel.wrap(model)
-    optimizer = make_optimizer(parallel.unwrap(model), cfg, device)
+    if cfg.optimizer == "muon":  # step 15's MuonAdamW, imported by name (course order)
+        optimizer = importlib.import_module("tiny_llm.muon").muon_adamw(parallel.unwrap(model), cfg)
+    else:  # fused: the whole update in one kernel per parameter group (CPU and CUDA), same math
+        optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                                      betas=(0.9, 0.95), fused=device.type in ("cpu", "cuda"))
     data_gen = torch.Generator().manual_seed(cfg.seed)
     if ckpt is None:
-        return model, optimizer, data_gen, 0, []
-    parallel.load_optimizer(model, optimizer, ckpt["optimizer"])
-    set_rng_state(ckpt["rng"], data_gen)
-    log = ckpt_path.parent / "log.jsonl"
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    step = ckpt["step"]
-    return model, optimizer, data_gen, step, [r for r in records if r["step"] <= step]
+        return model, optimizer, data_gen, 0, [], cfg
+    records = resume_run(ckpt, ckpt_path, model, optimizer, data_gen, parallel)
+    if cfg.max_steps == 0 and ckpt["step"] >= pace_steps(cfg):  # the budget fixed the count
+        cfg = replace(cfg, max_steps=ckpt["train_config"]["max_steps"])
+    return model, optimizer, data_gen, ckpt["step"], records, cfg
 
 
-def update(model, optimizer, data, cfg, device, generator, lr, step, parallel=ONE_PROCESS):
+def update_weights(model, optimizer, data, cfg, device, generator, lr, step, parallel=ONE_PROCESS):
     """One optimizer update at learning rate `lr`; returns the mean loss of its micro-batches."""
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -205,38 +179,16 @@ def update(model, optimizer, data, cfg, device, generator, lr, step, parallel=ON
     return loss
 
 
-def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
-             parallel=ONE_PROCESS):
-    """Write ckpt.pt, then log.jsonl, each atomically: the log never runs ahead of the weights."""
-    model_state, optimizer_state = parallel.state_dicts(model, optimizer)  # every rank takes part
-    if parallel.rank != 0:  # rank 0 alone writes
-        return
-    save_checkpoint(ckpt_path, {
-        "model": model_state, "config": asdict(parallel.unwrap(model).config), "step": step,
-        "model_class": class_path(parallel.unwrap(model)),
-        "tokenizer_sha256": tokenizer_sha256(Path(cfg.data_dir) / "tokenizer.json"),
-        "data_source": meta["source"], "optimizer": optimizer_state,
-        "rng": rng_state(data_gen), "train_config": asdict(cfg),
-        # batches start at random offsets, so the data generator's state (in "rng") is the
-        # position in the data; these counts say how much the run has read
-        "data_position": {"batches": step * cfg.grad_accum, "tokens": records[-1]["tokens"]},
-    })
-    with atomic_path(ckpt_path.parent / "log.jsonl") as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
 def first_record(model, train_data, valid_data, cfg, device):
-    """Step 0: the untrained model's losses on the fixed evaluation batches, and how long one
-    evaluation takes (a budgeted run plans with it)."""
+    """Step 0: the untrained model's losses, and how long an evaluation takes (for the budget)."""
     t0 = time.perf_counter()
-    train_loss = estimate_loss(model, train_data, cfg, device)
-    eval_s = time.perf_counter() - t0
-    return {"step": 0, "train_loss": train_loss,
-            "val_loss": estimate_loss(model, valid_data, cfg, device), "lr": 0.0, "tokens": 0,
-            "tokens_per_s": 0.0, "time_s": 0.0, "eval_s": eval_s}
+    record = {"step": 0, "train_loss": estimate_loss(model, train_data, cfg, device)}
+    return {**record, "eval_s": time.perf_counter() - t0, "lr": 0.0, "tokens": 0,
+            "val_loss": estimate_loss(model, valid_data, cfg, device), "tokens_per_s": 0.0,
+            "time_s": 0.0}
 
 
-def describe(r):
+def eval_line(r):
     """One line per evaluation: step 200     train 3.412  val 3.455  lr 1.85e-03."""
     return (f"{'step ' + str(r['step']):<12} train {r['train_loss']:.3f}  "
             f"val {r['val_loss']:.3f}  lr {r['lr']:.2e}")
@@ -253,42 +205,35 @@ def print_setup(cfg, meta, gpt, device, tokens_per_step, world_size):
 
 def train(cfg, parallel=ONE_PROCESS):
     """Train (or, with cfg.resume, continue) a GPT; return the last log record plus a summary.
-
-    Step 0's record holds the untrained model's losses on the fixed evaluation batches of
-    train.bin and valid.bin; later records hold the update's own loss, and val_loss at evals.
-    """
-    check_config(cfg)
+    Step 0's record holds the untrained losses; later ones the update's loss (val_loss at evals)."""
     data_dir = Path(cfg.data_dir)
     meta = ensure_data(data_dir)
     device = pick_device(cfg.device)
     ckpt_path = Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt"
-    model, optimizer, data_gen, step, records = start_run(cfg, meta, device, ckpt_path, parallel)
+    model, optimizer, data_gen, step, records, cfg = start_run(cfg, meta, device, ckpt_path,
+                                                               parallel)
     gpt = parallel.unwrap(model)
-    if cfg.resume and cfg.max_steps == 0 and step >= pace_steps(cfg):  # the budget fixed it
-        cfg = replace(cfg, max_steps=load_checkpoint(ckpt_path)["train_config"]["max_steps"])
     train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
     tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
     print_setup(cfg, meta, gpt, device, tokens_per_step, parallel.world_size)
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
-    # the step count is still open: a budget, and a --max-steps (if any) beyond the pace steps
-    pacing = cfg.time_budget > 0 and step < pace_steps(cfg) < (cfg.max_steps or math.inf)
+    pacing = cfg.time_budget > 0 and step < pace_steps(cfg) < (cfg.max_steps or math.inf)  # open
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
                disable=None if parallel.rank == 0 else True)
     with stop_on_ctrl_c() as stop, kept_memory(device.type == "cpu"):  # step 13 explains it
         if step == 0:
             records.append(first_record(gpt, train_data, valid_data, cfg, device))
-            tqdm.write(describe(records[-1]), file=sys.stdout)
+            tqdm.write(eval_line(records[-1]), file=sys.stdout)
         while pacing or step < cfg.max_steps:
             decay_steps = cfg.lr_decay_steps or cfg.max_steps
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
             t0 = time.perf_counter()
-            loss = update(model, optimizer, train_data, cfg, device, data_gen, lr, step,
-                          parallel=parallel)
+            loss = update_weights(model, optimizer, train_data, cfg, device, data_gen, lr, step,
+                                  parallel=parallel)
             step += 1
-            records.append({"step": step, "train_loss": loss, "lr": lr,
-                            "tokens_per_s": tokens_per_step / (time.perf_counter() - t0),
-                            "tokens": step * tokens_per_step,
-                            "time_s": time.perf_counter() - clock})
+            records.append({"step": step, "train_loss": loss, "lr": lr, "tokens": step *
+                            tokens_per_step, "time_s": time.perf_counter() - clock,
+                            "tokens_per_s": tokens_per_step / (time.perf_counter() - t0)})
             if pacing and step == pace_steps(cfg):  # fix the step count from the pace so far
                 pacing, cfg = False, fit_budget(cfg, step, records)
                 cfg = replace(cfg, max_steps=round(parallel.mean(cfg.max_steps)))  # ranks agree
@@ -299,7 +244,7 @@ def train(cfg, parallel=ONE_PROCESS):
             evaluate = step % cfg.eval_interval == 0 or step == cfg.max_steps
             if evaluate:
                 records[-1]["val_loss"] = estimate_loss(gpt, valid_data, cfg, device)
-                tqdm.write(describe(records[-1]), file=sys.stdout)
+                tqdm.write(eval_line(records[-1]), file=sys.stdout)
             if evaluate or stop.is_set():
                 save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records, parallel)
             if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
