@@ -10,6 +10,9 @@ import torch
 
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.speed import flops_per_token, kept_memory, matmul_params, mfu
+from tiny_llm.train import TrainConfig
+
+RECORD_FLOAT32 = 5989  # tokens/s of the small preset, float32, one thread: the chapter's record
 
 
 def exercise_1_flops(preset="small", max_seq_len=None):
@@ -31,13 +34,16 @@ def exercise_2_mfu(tokens_per_s=5000, preset="small", peak_gflops=150):
     return mfu(tokens_per_s, exercise_1_flops(preset)[1], peak_gflops)
 
 
-def exercise_3_gpu_seconds(mfu_=0.4, peak_tflops=989, steps=2000, tokens_per_step=16 * 256):
-    """Seconds for the small preset's 2,000 steps on a GPU doing peak_tflops at `mfu_`.
+def exercise_3_gpu_seconds(mfu_=0.4, peak_tflops=989, cpu_tokens_per_s=RECORD_FLOAT32,
+                           budget_s=None):
+    """Seconds a GPU doing peak_tflops at `mfu_` needs for the tokens the CPU trains the small
+    preset on in step 10's default time budget (TrainConfig().time_budget, read, not repeated).
 
     An H100's dense bf16 peak is about 989 TFLOP/s. (A model this small never gets near 40% on
     such a GPU: its matmuls are too small to keep the GPU busy, and launching kernels dominates.)
     """
-    flops = exercise_1_flops()[1] * steps * tokens_per_step
+    budget_s = TrainConfig().time_budget if budget_s is None else budget_s
+    flops = exercise_1_flops()[1] * budget_s * cpu_tokens_per_s
     return flops / (mfu_ * peak_tflops * 1e12)
 
 
@@ -65,6 +71,7 @@ if __name__ == "__main__":
     print("exercise 1:", f"N = {n:,}, {flops:,} FLOPs per token, attention {100 * share:.1f}%; "
           f"at max_seq_len 1,024: {100 * exercise_1_flops(max_seq_len=1024)[2]:.1f}%")
     print("exercise 2:", f"MFU {100 * exercise_2_mfu():.1f}%")
-    print("exercise 3:", f"{exercise_3_gpu_seconds():.2f} s on an H100 at 40% MFU")
+    print("exercise 3:", f"{exercise_3_gpu_seconds():.3f} s on an H100 at 40% MFU for the tokens "
+          f"of a {TrainConfig().time_budget:.0f} s CPU run")
     default, kept = exercise_4_page_faults()
     print("exercise 4:", f"page faults for 3 x 64 MiB: {default:,} default, {kept:,} kept")

@@ -125,6 +125,40 @@ def test_blank_lines_and_stray_eot_lines_make_no_empty_stories(tmp_path):
     assert meta["valid"]["stories"] == 1  # "Four.", after the last EOT line
 
 
+
+def test_first_stories_keeps_the_start_of_each_split_as_a_shorter_file_would(tmp_path):
+    """--train-stories/--valid-stories: the first N stories of the source's splits, as if the
+    corpus had been cut to them (how a learner makes the chapters' TinyStories prefixes)."""
+    train = write_txt(tmp_path / "t.txt", STORIES)
+    valid = write_txt(tmp_path / "v.txt", STORIES[:9])
+    first = {"train": 25, "valid": 4}
+    meta = prepare_data(train, valid, tmp_path / "cut", SMALL_VOCAB, progress=False, first=first)
+    assert meta["first_stories"] == first
+    assert meta["tokenizer_trained_on"]["stories"] == 25  # the tokenizer saw only the prefix too
+    assert (meta["train"]["stories"], meta["valid"]["stories"]) == (25, 4)
+    tokenizer = load_tokenizer(tmp_path / "cut" / "tokenizer.json")
+    assert bin_stories(tmp_path / "cut" / "train.bin", tokenizer) == STORIES[:25]
+    assert bin_stories(tmp_path / "cut" / "valid.bin", tokenizer) == STORIES[:4]
+    short_train = write_txt(tmp_path / "t25.txt", STORIES[:25])
+    short_valid = write_txt(tmp_path / "v4.txt", STORIES[:4])
+    prepare_data(short_train, short_valid, tmp_path / "short", SMALL_VOCAB, progress=False)
+    for name in data.FILES[:3]:
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "short" / name).read_bytes()
+
+
+def test_first_stories_from_the_command_on_the_sample(tmp_path, monkeypatch, capsys):
+    argv = ["data", "--source", "sample", "--train-stories", "300", "--valid-stories", "20",
+            "--data-dir", str(tmp_path), "--vocab-size", str(SMALL_VOCAB)]
+    monkeypatch.setattr(sys, "argv", argv)
+    data.main()
+    meta = load_meta(tmp_path)
+    assert (meta["train"]["stories"], meta["valid"]["stories"]) == (300, 20)
+    assert meta["first_stories"] == {"train": 300, "valid": 20}
+    assert "train 300 stories" in " ".join(capsys.readouterr().out.split())
+    tokenizer = load_tokenizer(tmp_path / "tokenizer.json")
+    assert bin_stories(tmp_path / "valid.bin", tokenizer) == list(generate_stories(20, seed=1))
+
+
 # --- bad input ------------------------------------------------------------------------------------
 
 

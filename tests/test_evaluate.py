@@ -149,3 +149,33 @@ def test_unigram_solution_beats_uniform_but_not_by_everything(sample_data_dir):
     assert 2.0 < loss < math.log(meta["vocab_size"])
     valid = meta["valid"]
     assert bpb == pytest.approx(bits_per_byte(loss, valid["tokens"], valid["bytes"]))
+
+
+def test_nearest_neighbours_solution_finds_a_row_placed_near_another(sample_data_dir):
+    """Exercise 5: cosine neighbours of a word's row in the (tied) token table, itself left out."""
+    from tiny_llm.tokenize import load_tokenizer
+
+    tokenizer = load_tokenizer(sample_data_dir / "tokenizer.json")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), max_seq_len=8, d_model=16,
+                          n_layers=1, n_heads=2)).eval()
+    dog, cat = (tokenizer.encode(w).ids[0] for w in (" dog", " Max"))
+    with torch.no_grad():  # put " Max" almost on " dog", three times as long: cosine ignores length
+        model.embed.tok_emb.weight[cat] = 3 * model.embed.tok_emb.weight[dog] + 1e-4
+    found = ex11_evaluate.exercise_5_nearest_neighbours(model, tokenizer, [" dog", " Max"], k=3)
+    assert found[" dog"][0][0] == " Max" and found[" Max"][0][0] == " dog"
+    assert found[" dog"][0][1] == pytest.approx(1.0, abs=1e-3)
+    for near in found.values():
+        assert len(near) == 3 and [c for _, c in near] == sorted((c for _, c in near), reverse=True)
+    assert " dog" not in [t for t, _ in found[" dog"]]
+    with pytest.raises(ValueError, match="not one"):
+        ex11_evaluate.exercise_5_nearest_neighbours(model, tokenizer, [" dragonfly"])
+
+
+def test_nearest_neighbours_of_a_trained_checkpoint_and_an_untrained_twin(tmp_path,
+                                                                            sample_data_dir):
+    ckpt = make_checkpoint(tmp_path, sample_data_dir)
+    trained, untrained = ex11_evaluate.exercise_5_trained_and_untrained(ckpt, sample_data_dir, k=2)
+    assert list(trained) == list(untrained) == list(ex11_evaluate.WORDS)
+    assert all(len(near) == 2 for near in trained.values())
+    assert trained == untrained  # this "trained" model is the untrained twin: seed 0, no steps

@@ -111,9 +111,8 @@ def open_source(source, valid=None):
         if not hub_reachable():  # fail in seconds, not after datasets has retried for long
             raise ConnectionError(f"cannot reach the Hugging Face Hub: {ALTERNATIVES}")
         return tinystories_pairs
-    for path in (source, valid):
-        if path is not None:
-            corpus_file(path)  # a missing file fails now, not after the tokenizer has trained
+    for path in filter(None, (source, valid)):
+        corpus_file(path)  # a missing file fails now, not after the tokenizer has trained
     stories = lambda path: (s.strip() for s in file_stories(path) if s.strip())  # noqa: E731
     if valid is None:
         return lambda: split_tail(stories(source), source)
@@ -121,27 +120,26 @@ def open_source(source, valid=None):
                                    (("valid", s) for s in stories(valid)))
 
 
-def train_prefix(pairs, max_bytes, seen):
-    """The train stories at the start of `pairs`, up to `max_bytes` of text; `seen` counts them."""
+def train_prefix(pairs, max_bytes, seen, max_stories=None):
+    """The train stories at the start of `pairs`, to max_bytes or max_stories; `seen` counts."""
     for split, story in pairs:
-        if split != "train" or seen["bytes"] >= max_bytes:
+        if split != "train" or seen["bytes"] >= max_bytes or seen["stories"] == max_stories:
             return
         seen["stories"] += 1
         seen["bytes"] += len(story.encode("utf-8"))
         yield story
 
 
-def encode_to_files(tokenizer, pairs, paths, progress=True):
-    """Append each story's ids and one EOT to paths[split], one batch of stories in memory at a
-    time; pairs are (split, story), a split's stories together. Returns counts for each split."""
-    # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we have no use for
-    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+def encode_to_files(tokenizer, pairs, paths, progress=True, first=None):
+    """Append each story's ids and one EOT to paths[split], a batch of stories in memory at a time;
+    pairs are (split, story), a split's together; first[split] keeps its first N. Returns counts."""
+    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets
     counts = {split: collections.Counter() for split in paths}
     with ExitStack() as stack:
         files = {split: stack.enter_context(open(path, "wb")) for split, path in paths.items()}
         bar = stack.enter_context(tqdm(desc="encoding", unit=" stories", disable=not progress))
         for split, group in itertools.groupby(pairs, key=lambda pair: pair[0]):
-            stories = (story for _, story in group)
+            stories = itertools.islice((story for _, story in group), (first or {}).get(split))
             while batch := list(itertools.islice(stories, BATCH_STORIES)):
                 encodings = encode_batch(batch)  # in Rust, on every core
                 ids = itertools.chain.from_iterable((*e.ids, 0) for e in encodings)  # 0 is EOT
@@ -153,32 +151,33 @@ def encode_to_files(tokenizer, pairs, paths, progress=True):
     return {split: dict(count) for split, count in counts.items()}
 
 
-def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SIZE, progress=True):
+def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SIZE, progress=True,
+                 first=None):
     """Write data_dir/{tokenizer.json, train.bin, valid.bin, meta.json} from `source`; return meta.
-
-    source: "tinystories", "sample", a file path, or None (TinyStories if the Hub answers, else the
-    sample). valid: a file of validation stories for a path source (default: the path's tail)."""
+    source: tinystories, sample, a file path, or None (TinyStories if the Hub answers, else sample);
+    valid: validation stories for a path (default: its tail); first: {split: keep its first N}."""
     if source is None:
         source = "tinystories" if hub_reachable() else "sample"
         if source == "sample":
             print("notice: Hub unreachable, so using the offline sample corpus", file=sys.stderr)
-    pairs = open_source(source, valid)
+    pairs, first = open_source(source, valid), first or {}
     if progress:
         print(f"training a {vocab_size:,}-token BPE on the train stories", file=sys.stderr)
     with ExitStack() as stack:  # on leaving, files are renamed in reverse order: meta.json last
         tmp = {name: stack.enter_context(atomic_path(Path(data_dir, name))) for name in FILES[::-1]}
         seen = {"stories": 0, "bytes": 0}
-        tokenizer = train_tokenizer(train_prefix(pairs(), TOKENIZER_MAX_BYTES, seen), vocab_size)
+        stories = train_prefix(pairs(), TOKENIZER_MAX_BYTES, seen, first.get("train"))
+        tokenizer = train_tokenizer(stories, vocab_size)
         if seen["stories"] == 0:
             raise ValueError(f"found no train stories in {source}: is it empty?")
         tokenizer.save(str(tmp["tokenizer.json"]))
         bins = {split: tmp[f"{split}.bin"] for split in ("train", "valid")}
-        counts = encode_to_files(tokenizer, pairs(), bins, progress)
+        counts = encode_to_files(tokenizer, pairs(), bins, progress, first)
         if not counts["valid"]:
             raise ValueError(f"found no validation stories in {valid or source}")
         meta = {"source": str(source), "vocab_size": tokenizer.get_vocab_size(), "eot_id": 0,
                 "dtype": "uint16", "tokenizer_sha256": tokenizer_sha256(tmp["tokenizer.json"]),
-                "tokenizer_trained_on": seen, **counts}
+                "tokenizer_trained_on": seen, **counts, "first_stories": first or None}
         tmp["meta.json"].write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
@@ -205,8 +204,7 @@ def load_token_array(path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no token file at {path}: {MAKE_IT}")
-    n_bytes = path.stat().st_size
-    if n_bytes % 2 or n_bytes == 0:
+    if (n_bytes := path.stat().st_size) % 2 or n_bytes == 0:
         raise ValueError(f"{path} has {n_bytes:,} bytes, not a whole number of uint16 tokens: it "
                          f"is truncated or empty; {MAKE_IT}")
     if path.stem in ("train", "valid") and (path.parent / "meta.json").is_file():
@@ -261,13 +259,11 @@ class NextTokenDataset(torch.utils.data.Dataset):
 
 def show(data_dir=DATA_DIR, seq_len=8):
     """Print what is prepared in data_dir, then one (x, y) pair from train.bin, token by token."""
-    meta, data_dir = load_meta(data_dir), Path(data_dir)
-    tokenizer = load_tokenizer(data_dir / "tokenizer.json")
-    train = load_token_array(data_dir / "train.bin")
+    meta, tokenizer = load_meta(data_dir), load_tokenizer(Path(data_dir, "tokenizer.json"))
+    train = load_token_array(Path(data_dir, "train.bin"))
     print(f"{'source':<10} {meta['source']}")
     print(f"{'tokenizer':<10} {meta['vocab_size']:,} tokens, sha256 {meta['tokenizer_sha256'][:8]}")
-    for split in ("train", "valid"):
-        n = meta[split]
+    for split, n in ((split, meta[split]) for split in ("train", "valid")):
         print(f"{split:<10} {n['stories']:>7,} stories {n['tokens']:>11,} tokens "
               f"{n['bytes']:>12,} bytes {n['bytes'] / n['tokens']:5.2f} bytes/token")
     print(f"{'train.bin':<10} {train.nbytes:,} bytes: {len(train):,} tokens x 2 bytes (uint16)")
@@ -286,10 +282,13 @@ def main():
     parser.add_argument("--valid", help="a file of validation stories for a PATH source")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help=f"default: {DATA_DIR}")
     parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help=f"default {VOCAB_SIZE}")
+    for split in ("train", "valid"):
+        parser.add_argument(f"--{split}-stories", type=int, help=f"first N {split} stories only")
     args = parser.parse_args()
+    first = {s: n for s in ("train", "valid") if (n := getattr(args, f"{s}_stories")) is not None}
     try:
-        if args.source is not None or missing_files(args.data_dir):
-            prepare_data(args.source, args.valid, args.data_dir, args.vocab_size)
+        if args.source is not None or missing_files(args.data_dir) or first:
+            prepare_data(args.source, args.valid, args.data_dir, args.vocab_size, first=first)
         else:
             print(f"prepared data found in {args.data_dir} (--source prepares it again)\n")
         show(args.data_dir)

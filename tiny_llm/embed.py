@@ -66,8 +66,8 @@ class Embed(nn.Module):
         self.vocab_size, self.d_model, self.max_seq_len = vocab_size, d_model, max_seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)  # row i: the vector of token i
         self.pos_emb = nn.Embedding(max_seq_len, d_model) if learned_positions else None
-        # PyTorch starts embeddings at N(0, 1); GPT-2 uses N(0, 0.02²) so that every input
-        # starts small and alike, and training, not the random draw, decides what differs.
+        # PyTorch starts embeddings at N(0, 1); we use N(0, 0.02²) (nanoGPT's and Hugging Face's
+        # GPT-2 init) so every input starts small and alike, and training decides what differs.
         for table in (self.tok_emb, self.pos_emb):
             if table is not None:
                 nn.init.normal_(table.weight, mean=0.0, std=0.02)
@@ -98,7 +98,7 @@ def sinusoidal_table(max_len, d_model):
         raise ValueError(f"d_model must be a positive even int (sin and cos come in pairs), "
                          f"got {d_model!r}")
     pos = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)  # (max_len, 1)
-    # 1 / 10000^(2i/d) written as exp(-2i · ln(10000) / d): no huge powers, one exp per pair
+    # 1 / 10000^(2i/d) written as exp(-2i · ln(10000) / d), a habit (10000^(2i/d) <= 1e4 is safe)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # (d_model/2,) = 0, 2, 4, ...
     inv_freq = torch.exp(two_i * (-math.log(10000.0) / d_model))
     table = torch.zeros(max_len, d_model)
