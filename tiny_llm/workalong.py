@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block", "gpt",
          "generate", "train", "evaluate", "kvcache", "speed", "posenc_lab", "modern", "scale",
          "export"]  # step 01 is device, step 17 export: the course table in README.md
+HOOK = "TINY_LLM_WORKALONG"  # the learner's file; tiny_llm/__init__.py installs the hook
 SOURCE_HEADER = re.compile(r"^```[^\n]*\n#\s*tiny_llm/(\w+)\.py[ \t]*\n(.*?)^```", re.S | re.M)
 CONSOLE = re.compile(r"^```console[ \t]*\n(.*?)^```", re.S | re.M)
 
@@ -63,18 +64,19 @@ def bodies(tree):
                     yield f"{node.name}.{sub.name}", sub
 
 
-def shown_in_chapters(module, source):
-    """{qualified name: where} for each function or method whose code a chapter shows.
+def shown_in_chapter(module, source):
+    """{qualified name: where} for each function or method whose code the step's chapter shows.
 
     A chapter's source block names its file (`# tiny_llm/attention.py`); we find each of its
-    pieces in the file, whitespace aside, the way tests/chapters.py checks them.
+    pieces in the file, whitespace aside, the way tests/chapters.py checks them. (Code of this
+    module that a later chapter shows, such as device.kept_memory in 13, stays written.)
     """
     words, lines = [], []
     for number, line in enumerate(source.splitlines(), 1):
         words += line.split()
         lines += [number] * len(line.split())
     code, defs, shown = " ".join(words), list(bodies(ast.parse(source))), {}
-    for chapter in sorted((ROOT / "steps").glob("[0-9][0-9]-*.md")):
+    for chapter in [chapter_of(module)]:
         text = chapter.read_text()
         for match in SOURCE_HEADER.finditer(text):
             if match.group(1) != module:
@@ -94,15 +96,41 @@ def shown_in_chapters(module, source):
     return shown
 
 
+def called_at_import(tree):
+    """Names the module calls while it loads (`PRESETS = {"tiny": GPTConfig(...)}` calls GPTConfig).
+
+    Their bodies stay written: a skeleton that cannot even be imported would test nothing.
+    """
+    called = set()
+
+    def visit(node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            parts = node.decorator_list + node.args.defaults + node.args.kw_defaults
+            for part in filter(None, parts):
+                visit(part)
+            return  # the body runs only when called
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            called.update({name, f"{name}.__init__", f"{name}.__post_init__"})
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for node in tree.body:
+        visit(node)
+    return called
+
+
 def skeleton(module, everything=False):
-    """Return (text of the learner's file, names of the bodies to write) for one step."""
+    """Return (text of the learner's file, {body to write: where the chapter shows it})."""
     source = (ROOT / "tiny_llm" / f"{module}.py").read_text()
     lines = source.splitlines()
-    where = shown_in_chapters(module, source)
+    where = shown_in_chapter(module, source)
     chapter = f"steps/{chapter_of(module).name}"
-    todo = []
-    for name, node in bodies(ast.parse(source)):
-        if not (name in where or (everything and name != "main")):
+    todo, tree = [], ast.parse(source)
+    for name, node in bodies(tree):
+        if not (name in where or (everything and name != "main")) or name in called_at_import(tree):
             continue
         body = node.body[1:] if ast.get_docstring(node) is not None else node.body
         if not body or body[0].lineno == node.lineno:
@@ -119,7 +147,29 @@ def skeleton(module, everything=False):
     header = [f"# Your tiny_llm/{module}.py, step {number:02d}: replace each NotImplementedError.",
               f"# Test it: uv run python -m tiny_llm.workalong {number:02d}   "
               f"(the answer: tiny_llm/{module}.py)"]
-    return "\n".join(header + lines) + "\n", [name for name, _, _ in todo]
+    return "\n".join(header + lines) + "\n", {name: where.get(name, chapter) for name, _, _ in todo}
+
+
+def learner_file(module, folder, fresh=False, everything=False):
+    """Return the learner's file for a step, writing a skeleton only where there is none yet.
+
+    Existing work is never overwritten: with `fresh` it is renamed to `<module>.py.<n>.bak`.
+    """
+    path = Path(folder) / f"{module}.py"
+    if path.exists() and not fresh:
+        print(f"yours        {path} (kept; --fresh starts over)")
+        return path
+    if path.exists():
+        backups = (path.with_suffix(f".py.{n}.bak") for n in range(1, 10_000))
+        backup = next(p for p in backups if not p.exists())
+        path.rename(backup)
+        print(f"kept         your old file as {backup}")
+    text, todo = skeleton(module, everything=everything)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote        {path}: {len(todo)} bodies for you to write")
+    print(f"to write     {', '.join(todo)}")
+    return path
 
 
 class LearnerFinder(importlib.abc.MetaPathFinder):
@@ -133,6 +183,12 @@ class LearnerFinder(importlib.abc.MetaPathFinder):
             return None
         return importlib.util.spec_from_file_location(fullname, self.path)
 
+    @classmethod
+    def install(cls, path):
+        finder = cls(path)
+        sys.meta_path.insert(0, finder)
+        return finder
+
 
 @contextlib.contextmanager
 def learner_module(path):
@@ -141,27 +197,49 @@ def learner_module(path):
     The course's modules, tests and solutions are imported afresh inside (so they bind to the
     learner's file), and the modules of before are put back afterwards.
     """
-    before = dict(sys.modules)
-    keep = {"tiny_llm", __name__}
-    for name, mod in before.items():
-        file = getattr(mod, "__file__", None) or ""
-        if name not in keep and file.startswith(str(ROOT) + os.sep):
-            del sys.modules[name]
-    finder = LearnerFinder(path)
-    sys.meta_path.insert(0, finder)
+    before, environ = dict(sys.modules), os.environ.get(HOOK)
+    forget_course_modules()
+    finder = LearnerFinder.install(path)
+    os.environ[HOOK] = str(finder.path)  # for the processes the tests start: tiny_llm/__init__.py
     try:
         yield finder.name
     finally:
         sys.meta_path.remove(finder)
-        sys.modules.clear()
+        forget_course_modules()  # libraries imported meanwhile stay: torch loads once a process
         sys.modules.update(before)
+        if environ is None:
+            os.environ.pop(HOOK, None)
+        else:
+            os.environ[HOOK] = environ
+
+
+def forget_course_modules():
+    """Drop the course's own modules (tiny_llm.*, tests, solutions) from sys.modules."""
+    ours = tuple(str(ROOT / folder) + os.sep for folder in ("tiny_llm", "tests", "solutions"))
+    for name, mod in list(sys.modules.items()):
+        file = getattr(mod, "__file__", None) or ""
+        if name not in ("tiny_llm", __name__) and (file.startswith(ours)
+                                                   or name.startswith("tiny_llm.")):
+            del sys.modules[name]
 
 
 class Outcomes:
-    """A pytest plugin that keeps each test's outcome and prints them as a list at the end."""
+    """A pytest plugin that keeps each test's outcome and prints them as a list at the end.
 
-    def __init__(self):
+    Given `first`, names of functions the learner writes, it runs the tests that call one of
+    them first (where the first failure is likely) and the rest after, in their order.
+    """
+
+    def __init__(self, first=()):
         self.results = {}  # test name -> (passed, first line of the failure)
+        self.first = {part for name in first for part in name.split(".")}
+
+    def pytest_collection_modifyitems(self, items):
+        def calls_a_stub(item):
+            code = getattr(getattr(item, "function", None), "__code__", None)
+            return bool(code and self.first & set(code.co_names))
+
+        items.sort(key=lambda item: not calls_a_stub(item))
 
     def pytest_runtest_logreport(self, report):
         name = report.nodeid.split("::", 1)[-1]
@@ -181,15 +259,19 @@ class Outcomes:
                 said.add(message)
 
 
-def run_tests(path, first_failure=False, extra=()):
-    """Run the step's tests in this process against the learner's file: (exit code, Outcomes)."""
+def run_tests(path, first_failure=(), extra=()):
+    """Run the step's tests in this process against the learner's file: (exit code, Outcomes).
+
+    `first_failure`: names of the functions to write; stop at the first failure, trying the
+    tests that call them first (a quick "does anything fail?").
+    """
     import pytest
 
     module = Path(path).stem
     args = [str(ROOT / "tests" / f"test_{module}.py"), f"--rootdir={ROOT}",
             "-c", str(ROOT / "pyproject.toml"), "-n", "0", "-q", "-rN", "--tb=no",
             "-p", "no:cacheprovider", *(["-x"] if first_failure else []), *extra]
-    outcomes = Outcomes()
+    outcomes = Outcomes(first=first_failure)
     with learner_module(path):
         code = pytest.main(args, plugins=[outcomes])
     return int(code), outcomes
@@ -206,32 +288,33 @@ def check_commands(module):
 
 
 def run_check(path, module, work):
-    """Run the chapter's check in `work`, with the learner's file for `-m` commands: exit code."""
+    """Run the chapter's check in the folder `work` with the learner's file: its exit code."""
     work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, HOOK: str(Path(path).resolve())}
     for command in check_commands(module):
         print(f"$ {command}", flush=True)
         argv = shlex.split(command)[3:]  # after `uv run python`
-        if argv[:1] == ["-m"]:
-            argv = ["-m", "tiny_llm.workalong", "--run", str(Path(path).resolve()), *argv[1:]]
-        proc = subprocess.run([sys.executable, *argv], cwd=work, check=False)
+        proc = subprocess.run([sys.executable, *argv], cwd=work, env=env, check=False)
         if proc.returncode:
             return proc.returncode
     return 0
 
 
-def run_as_main(path, argv):
-    """`python -m tiny_llm.workalong --run FILE MODULE ARGS`: run MODULE as __main__, hooked."""
-    import runpy
-
-    sys.meta_path.insert(0, LearnerFinder(path))
-    sys.argv = [argv[0], *argv[1:]]
-    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+def print_plan(module, folder, everything=False):
+    """Say what the learner writes for a step, where each piece is explained, and what runs."""
+    number = STEPS.index(module) + 1
+    print(f"step {number:02d}      tiny_llm/{module}.py is the answer; yours is "
+          f"{Path(folder) / f'{module}.py'}")
+    for name, where in skeleton(module, everything=everything)[1].items():
+        print(f"write        {name:<30} {where}")
+    print(f"tests        tests/test_{module}.py")
+    for command in check_commands(module):
+        print(f"check        {command}")
+    return 0
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--run"]:
-        return run_as_main(argv[1], argv[2:])
     parser = argparse.ArgumentParser(
         description="Write a step yourself: make your file, test it, run the chapter's check.",
         epilog="Arguments after `--` go to pytest, e.g. -- -k causal --tb=short")
@@ -241,23 +324,13 @@ def main(argv=None):
     parser.add_argument("--all", action="store_true", help="write every body but main, not just "
                         "what the chapter shows")
     parser.add_argument("--no-check", action="store_true", help="run the tests only")
+    parser.add_argument("--plan", action="store_true", help="only say what you would write")
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1 :]
     module = step_module(args.step)
-    path = args.dir / f"{module}.py"
-    if path.exists() and not args.fresh:
-        print(f"yours        {path} (kept; --fresh starts over)")
-    else:
-        if path.exists():
-            backups = (path.with_suffix(f".py.{n}.bak") for n in range(1, 10_000))
-            backup = next(p for p in backups if not p.exists())
-            path.rename(backup)
-            print(f"kept         your old file as {backup}")
-        text, todo = skeleton(module, everything=args.all)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote        {path}: {len(todo)} bodies for you to write")
-        print(f"to write     {', '.join(todo)}")
+    if args.plan:
+        return print_plan(module, args.dir, everything=args.all)
+    path = learner_file(module, args.dir, fresh=args.fresh, everything=args.all)
     print(f"tests        tests/test_{module}.py against {path}", flush=True)
     code, outcomes = run_tests(path, extra=extra)
     passed = sum(ok for ok, _ in outcomes.results.values())
