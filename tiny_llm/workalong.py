@@ -1,20 +1,22 @@
 """Shared helper: write each step yourself, with the finished course as the answer key.
 
-    uv run python -m tiny_llm.workalong 05
+    uv run python -m tiny_llm.workalong 05 --plan   # what you would write, and where it is shown
+    uv run python -m tiny_llm.workalong 05          # make mine/attention.py, test it, check it
 
-makes `mine/attention.py`, a copy of step 05's module in which every function and method the
-chapter shows has its body replaced by a `NotImplementedError` that says what to write and
-which section of the chapter shows it. Everything else (imports, constants, classes,
-signatures, docstrings, the helpers the chapter does not show, the `__main__` check) is kept,
-so the file runs as soon as you have typed in the bodies. `--all` leaves you every body but
-`main`. Your file is never overwritten: run the command again to test it, `--fresh` to start
-over (the old file is kept as a `.bak`).
+The second makes `mine/attention.py`, a copy of step 05's module in which every function and
+method that the step's chapter shows has its body replaced by a `NotImplementedError` saying
+what to write and which section shows it. Everything else (imports, constants, classes,
+signatures, docstrings, the helpers the chapter does not show, code that runs while the module
+loads, the `__main__` check) is kept. `--all` leaves you every body but `main`. Your file is
+never overwritten: run the command again to test it, `--fresh` to start over (the old file is
+kept as a `.bak`).
 
-Each run tests your file with the step's own tests, `tests/test_attention.py`, and then runs
-the chapter's check (its first console block) on it. How: while they run, an import hook makes
-`import tiny_llm.attention` load `mine/attention.py`, and only that module. Earlier steps stay
-the answer key, so step 08 builds on the course's attention, not yours; later steps that a
-step's tests use import your file, as they would import the finished one.
+Each run tests your file with the step's own tests, `tests/test_attention.py`, then runs the
+chapter's check (its first console block) on it. How: an import hook makes
+`import tiny_llm.attention` load `mine/attention.py`, and only that module, in this process and
+(through $TINY_LLM_WORKALONG, which tiny_llm/__init__.py reads) in the processes it starts.
+Earlier steps stay the answer key, so your step 08 builds on the course's attention, not yours;
+later modules that a step's tests use import your file, as they would the finished one.
 """
 
 import argparse
