@@ -411,3 +411,11 @@ def test_main_job_trains_it_and_the_checkpoint_rebuilds_it(sample_data_dir, tmp_
     model, ckpt = model_from_checkpoint(result["checkpoint"], data_dir=sample_data_dir)
     assert isinstance(model, ModernGPT) and model.config.n_kv_heads == 1
     assert ckpt["model_class"] == "tiny_llm.modern.ModernGPT"
+
+
+def test_metas_names_reach_the_parts_outside_the_blocks():
+    model = ModernGPT(PRESETS["tiny"])
+    assert model.layers[0].attention.wq is model.blocks[0].attention.wq
+    assert model.tok_emb is model.embed.tok_emb and model.norm is model.ln_f
+    assert model.output is model.lm_head and model.output.weight is model.tok_emb.weight  # tied
+    assert isinstance(model.layers[1].attention_norm, RMSNorm)

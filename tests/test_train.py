@@ -96,7 +96,7 @@ def test_resume_continues_exactly(reference, sample_data_dir, tmp_path):
 
 def test_ctrl_c_saves_and_resume_gives_the_same_losses(reference, sample_data_dir, tmp_path,
                                                         monkeypatch):
-    real_update = train_module.update
+    real_update = train_module.update_weights
 
     def update_then_ctrl_c(*args, **kwargs):  # kwargs: step 16's `parallel`
         loss = real_update(*args, **kwargs)
@@ -104,7 +104,7 @@ def test_ctrl_c_saves_and_resume_gives_the_same_losses(reference, sample_data_di
             signal.raise_signal(signal.SIGINT)
         return loss
 
-    monkeypatch.setattr(train_module, "update", update_then_ctrl_c)
+    monkeypatch.setattr(train_module, "update_weights", update_then_ctrl_c)
     out = tmp_path / "interrupted"
     result = train(config(sample_data_dir, out))
     assert result["interrupted"] and result["step"] == 4
@@ -222,7 +222,7 @@ def test_a_budgeted_run_fixes_its_step_count_and_ends_its_schedule(sample_data_d
 
 def test_a_budgeted_run_resumes_exactly(sample_data_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(train_module, "time", FakeClock())
-    real_update = train_module.update
+    real_update = train_module.update_weights
 
     def update_then_ctrl_c(*args, **kwargs):  # kwargs: step 16's `parallel`
         loss = real_update(*args, **kwargs)
@@ -230,10 +230,10 @@ def test_a_budgeted_run_resumes_exactly(sample_data_dir, tmp_path, monkeypatch):
             signal.raise_signal(signal.SIGINT)
         return loss
 
-    monkeypatch.setattr(train_module, "update", update_then_ctrl_c)
+    monkeypatch.setattr(train_module, "update_weights", update_then_ctrl_c)
     interrupted = train(budgeted(sample_data_dir, tmp_path / "a"))
     assert interrupted["interrupted"] and interrupted["step"] == 30
-    monkeypatch.setattr(train_module, "update", real_update)
+    monkeypatch.setattr(train_module, "update_weights", real_update)
     resumed = train(budgeted(sample_data_dir, tmp_path / "a", resume=True))
     steps = load_checkpoint(tmp_path / "a" / "ckpt.pt")["train_config"]["max_steps"]
     plain = train(config(sample_data_dir, tmp_path / "b", max_steps=steps, time_budget=0,

@@ -190,6 +190,14 @@ class ModernGPT(GPT):
     def make_norm(self, c):
         return RMSNorm(c.d_model, c.norm_eps)
 
+    # Meta's names for the parts outside the blocks, as read-only aliases: model.layers[0] is
+    # model.blocks[0]. The state_dict keeps step 08's names (embed.tok_emb, blocks.N, ln_f,
+    # lm_head); inside a block the names are Meta's (attention.wq, feed_forward.w1, ...).
+    tok_emb = property(lambda self: self.embed.tok_emb)
+    layers = property(lambda self: self.blocks)
+    norm = property(lambda self: self.ln_f)
+    output = property(lambda self: self.lm_head)
+
 
 # ---------------------------------------------------------------------------------------------
 # RoPE's two layouts: Meta's LLaMA code turns adjacent pairs (0, 1), (2, 3), ... as we do; Hugging
