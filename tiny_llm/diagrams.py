@@ -40,7 +40,8 @@ def box(ax, x, y, text, kind="plain", w=1.6, h=0.5, size=9, dashed=False):
     """A rounded box centred on (x, y) with `text` inside; returns its (left, bottom, w, h)."""
     from matplotlib.patches import FancyBboxPatch
 
-    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0,rounding_size=0.08",
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h,
+                                boxstyle="round,pad=0,rounding_size=0.08",
                                 facecolor=COLORS[kind], edgecolor="#444444", lw=1,
                                 linestyle="--" if dashed else "-"))
     ax.text(x, y, text, ha="center", va="center", fontsize=size)
@@ -48,12 +49,13 @@ def box(ax, x, y, text, kind="plain", w=1.6, h=0.5, size=9, dashed=False):
 
 
 def arrow(ax, start, end, text=None, size=8, side="right", style="-|>", color="#333333", **kw):
-    """An arrow from `start` to `end`, with `text` beside its middle (side: right/left/above/below)."""
+    """An arrow from `start` to `end`; `text` beside its middle (side: right/left/above/below)."""
     ax.annotate("", xy=end, xytext=start,
                 arrowprops=dict(arrowstyle=style, lw=1.2, color=color, shrinkA=0, shrinkB=0, **kw))
     if text:
         mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
-        dx, dy, ha, va = {"right": (0.08, 0, "left", "center"), "left": (-0.08, 0, "right", "center"),
+        dx, dy, ha, va = {"right": (0.08, 0, "left", "center"),
+                          "left": (-0.08, 0, "right", "center"),
                           "above": (0, 0.06, "center", "bottom"),
                           "below": (0, -0.06, "center", "top")}[side]
         ax.text(mx + dx, my + dy, text, ha=ha, va=va, fontsize=size, color="#222222")
@@ -67,7 +69,7 @@ def plus(ax, x, y, r=0.14):
     ax.text(x, y, "+", ha="center", va="center", fontsize=11)
 
 
-def matrix(ax, x, y, values, cell=0.16, cmap="Blues", vmax=1.0):
+def matrix(ax, x, y, values, cell=0.16, cmap="Blues", vmin=0.0, vmax=1.0):
     """Draw a 2-D array as coloured cells, top-left corner at (x, y); NaN cells are hatched.
 
     Row 0 is at the top, as when a matrix is printed. Returns (width, height) in inches.
@@ -81,9 +83,10 @@ def matrix(ax, x, y, values, cell=0.16, cmap="Blues", vmax=1.0):
         for c in range(cols):
             v = values[r, c]
             masked = np.isnan(v)
+            color = "#f2f2f2" if masked else colors(0.05 + 0.9 * (v - vmin) / (vmax - vmin))
             ax.add_patch(Rectangle((x + c * cell, y - (r + 1) * cell), cell, cell, lw=0.4,
                                    edgecolor="#888888", hatch="////" if masked else None,
-                                   facecolor="#f2f2f2" if masked else colors(0.08 + 0.92 * v / vmax)))
+                                   facecolor=color))
     return cols * cell, rows * cell
 
 
@@ -103,11 +106,12 @@ def model_diagram(s):
     counts tok_emb, pos_emb, block, ln_f, total (see gpt.draw_model)."""
     fig, ax = canvas(8.2, 9.4)
     x, d, B, T = 3.9, s["d"], s["B"], s["T"]
-    ax.text(4.1, 9.1, f"GPT ({s['name']}), {s['total']:,} parameters: {s['layers']} blocks, d_model {d}, "
-            f"{s['heads']} heads, context {T}, vocabulary {s['V']:,}", fontsize=10,
+    ax.text(4.1, 9.1, f"GPT ({s['name']}), {s['total']:,} parameters: {s['layers']} blocks, "
+            f"d_model {d}, {s['heads']} heads, context {T}, vocabulary {s['V']:,}", fontsize=10,
             weight="bold", ha="center")
     box(ax, x, 8.45, f"token ids idx  (B, T) = ({B}, {T})", "tensor", w=3.2, h=0.42)
-    box(ax, 2.6, 7.45, f"tok_emb  {s['V']:,} × {d}\n{s['tok_emb']:,} parameters", "embed", w=2.3, h=0.62)
+    box(ax, 2.6, 7.45, f"tok_emb  {s['V']:,} × {d}\n{s['tok_emb']:,} parameters", "embed",
+        w=2.3, h=0.62)
     box(ax, 5.3, 7.45, f"pos_emb  {T} × {d}\n{s['pos_emb']:,} parameters", "embed", w=2.3, h=0.62)
     arrow(ax, (x - 0.8, 8.24), (2.7, 7.76), "look up each id", side="left")
     arrow(ax, (x + 0.8, 8.24), (5.1, 7.76), f"positions 0 .. {T - 1}", side="right")
@@ -180,4 +184,157 @@ def block_diagram(s):
     ax.text(5.3, join_1 - 1.3, "x = x + mlp(ln_2(x))", fontsize=9, family="monospace", va="center")
     ax.text(5.3, 0.45, "Each branch reads a normalised\ncopy and adds its result back;\n"
             "the stream itself is never\nnormalised inside the block.", fontsize=8, va="center")
+    return fig
+
+
+def qkv_diagram(scores, weights, s):
+    """Step 05's one head: x -> q, k, v -> scores -> weights -> out. scores and weights are
+    (T, T) arrays of one sequence (NaN above the diagonal); `s`: B, T, d (attention.draw_flow)."""
+    fig, ax = canvas(12.6, 4.3)
+    B, T, d = s["B"], s["T"], s["d"]
+    ax.text(6.3, 4.05, f"One attention head at the check's sizes: B = {B} sequences, T = {T} "
+            f"positions, C = d_model = {d}; the two grids are sequence 0's real numbers",
+            fontsize=10, weight="bold", ha="center")
+    rows = {"q": 3.3, "k": 2.1, "v": 0.7}
+    mid = (rows["q"] + rows["k"]) / 2
+    box(ax, 0.9, rows["k"], f"x\n(B, T, C)\n= ({B}, {T}, {d})", "tensor", w=1.4, h=0.9)
+    roles = [("query", "q", "what t looks for"), ("key", "k", "what s offers"),
+             ("value", "v", "what s hands over")]
+    for name, short, role in roles:
+        y = rows[short]
+        arrow(ax, (1.6, rows["k"]), (2.15, y))
+        box(ax, 2.95, y, f"{name}\nLinear {d} → {d}", "attn", w=1.6, h=0.55)
+        arrow(ax, (3.75, y), (4.05, y))
+        box(ax, 4.95, y, f"{short}  ({B}, {T}, {d})\n{role}", "tensor", w=1.8, h=0.55)
+    box(ax, 6.75, mid, f"q @ kᵀ / √{d}\nevery t with\nevery s", "attn", w=1.3, h=0.8)
+    arrow(ax, (5.85, rows["q"]), (6.1, mid + 0.3))
+    arrow(ax, (5.85, rows["k"]), (6.1, mid - 0.3))
+    cell = 0.2
+    top, side = mid + T * cell / 2, T * cell
+    finite = scores[~np.isnan(scores)]
+    arrow(ax, (7.4, mid), (7.65, mid))
+    matrix(ax, 7.65, top, scores, cell, "PuOr", finite.min(), finite.max())
+    arrow(ax, (7.65 + side + 0.05, mid), (9.55, mid))
+    box(ax, 10.05, mid, "softmax\nalong\neach row", "attn", w=1.0, h=0.8)
+    arrow(ax, (10.55, mid), (10.8, mid))
+    matrix(ax, 10.8, top, np.where(np.isnan(scores), np.nan, weights), cell, "Blues")
+    notes = [(7.65, f"scores ({B}, {T}, {T})", "row t: query t, column s: key s; orange\nhigh, "
+              "purple low; hatched s > t: −∞"),
+             (10.8, f"weights ({B}, {T}, {T})", "each row sums to 1;\nfuture weights are 0")]
+    for x, title, note in notes:
+        ax.text(x + side / 2, top + 0.06, title, ha="center", va="bottom", fontsize=8)
+        ax.text(x + side / 2, top - side - 0.06, note, ha="center", va="top", fontsize=7.5)
+    y = rows["v"]
+    box(ax, 8.5, y, f"weights @ v\n({B}, {T}, {d})", "attn", w=1.5, h=0.55)
+    arrow(ax, (5.85, y), (7.75, y), "a weighted mix of the values", side="above")
+    arrow(ax, (10.8 + side / 2, top - side - 0.45), (9.1, y + 0.28))
+    box(ax, 10.35, y, f"proj\nLinear {d} → {d}", "attn", w=1.4, h=0.55)
+    arrow(ax, (9.25, y), (9.65, y))
+    box(ax, 11.85, y, f"out\n({B}, {T}, {d})", "tensor", w=1.1, h=0.55)
+    arrow(ax, (11.05, y), (11.3, y))
+    return fig
+
+
+def slab(ax, x, top, rows, width, row_h, color, label=None):
+    """A (rows, width) tensor as a coloured rectangle with a thin line between rows."""
+    from matplotlib.patches import Rectangle
+
+    ax.add_patch(Rectangle((x, top - rows * row_h), width, rows * row_h, facecolor=color,
+                           edgecolor="#333333", lw=0.9))
+    for r in range(1, rows):
+        ax.plot([x, x + width], [top - r * row_h] * 2, color="white", lw=0.5)
+    if label:
+        ax.text(x + width / 2, top + 0.05, label, ha="center", va="bottom", fontsize=8)
+
+
+def heads_diagram(s):
+    """Step 06's reshape of q (likewise k, v) into heads and back. `s`: B, T, d, heads."""
+    fig, ax = canvas(12.4, 5.0)
+    B, T, d, H = s["B"], s["T"], s["d"], s["heads"]
+    hs = d // H
+    col, row_h, top = 2.7 / d, 0.1, 3.9  # inches per feature column and per position row
+    ax.text(6.2, 4.75, f"Splitting d_model = {d} into {H} heads of {hs} (the check's sizes: "
+            f"B = {B}, T = {T}); one sequence drawn, every colour is one head's slice",
+            fontsize=10, weight="bold", ha="center")
+    for h in range(H):  # (T, C): each row is one position, the heads' columns side by side
+        slab(ax, 0.4 + h * hs * col, top, T, hs * col, row_h, HEADS[h], f"head {h}")
+    ax.text(1.75, top - T * row_h - 0.1, f"q  (B, T, C) = ({B}, {T}, {d})\nrow t: position t, "
+            f"{d} features", ha="center", va="top", fontsize=8)
+    arrow(ax, (3.2, top - 0.8), (4.25, top - 0.8), f".view(B, T, {H}, {hs})", side="above")
+    for h in range(H):  # the same numbers, the last axis cut in H pieces of hs
+        slab(ax, 4.35 + h * (hs * col + 0.12), top, T, hs * col, row_h, HEADS[h], f"head {h}")
+    ax.text(6.05, top - T * row_h - 0.1, f"(B, T, heads, head_size) = ({B}, {T}, {H}, {hs})\n"
+            "no data moves: each row cut in pieces", ha="center", va="top", fontsize=8)
+    arrow(ax, (7.65, top - 0.8), (8.45, top - 0.8), ".transpose(1, 2)", side="above")
+    for h in reversed(range(H)):  # a deck: the head is now a batch axis in front of T
+        slab(ax, 8.6 + h * 0.32, top - h * 0.16, T, hs * col, row_h, HEADS[h])
+        ax.text(8.6 + h * 0.32 + hs * col + 0.05, top - h * 0.16 - 0.08, f"head {h}", fontsize=7)
+    ax.text(9.6, top - T * row_h - 0.6, f"(B, heads, T, head_size) = ({B}, {H}, {T}, {hs})\n"
+            f"{H} separate ({T}, {hs}) matrices per sequence", ha="center", va="top", fontsize=8)
+    y = 0.75
+    box(ax, 1.6, y, f"attend(q, k, v)\neach head: ({T}, {T}) scores\nas in step 05", "attn",
+        w=2.2, h=0.75)
+    arrow(ax, (9.6, top - T * row_h - 1.05), (2.7, y + 0.3), "q, k and v, each split like this",
+          side="above")
+    arrow(ax, (2.7, y), (3.4, y))
+    box(ax, 4.35, y, f"y  ({B}, {H}, {T}, {hs})", "tensor", w=1.9, h=0.45)
+    arrow(ax, (5.3, y), (5.9, y))
+    box(ax, 7.45, y, f".transpose(1, 2).view(B, T, {d})\nthe heads side by side again",
+        "attn", w=3.1, h=0.6)
+    arrow(ax, (9.0, y), (9.4, y))
+    box(ax, 10.1, y, f"proj\nLinear {d} → {d}", "attn", w=1.4, h=0.55)
+    arrow(ax, (10.8, y), (11.1, y))
+    box(ax, 11.7, y, f"out\n({B}, {T}, {d})", "tensor", w=1.1, h=0.55)
+    return fig
+
+
+def cache_diagram(s):
+    """Step 12: prefill reads the prompt at once and fills the cache; each decode step reads one
+    token and appends one key and value. `s`: prompt and next (lists of str), layers, T_max, d,
+    nbytes (see kvcache.draw_cache)."""
+    fig, ax = canvas(12.6, 5.0)
+    prompt, n, cell, shown = s["prompt"], len(s["prompt"]), 0.36, 10
+    ax.text(6.3, 4.75, f"Generating with a KV cache ({s['name']}: {s['layers']} layers, "
+            f"max_seq_len {s['T_max']}, d_model {s['d']}); one layer's cache drawn",
+            fontsize=10, weight="bold", ha="center")
+    new, kept, empty = "#f58518", "#9ecae1", "#ffffff"
+    rows = [(3.35, f"prefill: the {n}-token prompt in one forward", prompt,
+             f"positions 0..{n - 1}"),
+            (1.25, "decode: each later token alone", s["next"][:1], f"position {n}")]
+    for row, (y, title, tokens, where) in enumerate(rows):
+        ax.text(0.2, y + 0.8, title, fontsize=9.5, weight="bold")
+        strip(ax, 0.3, y, len(tokens), 0.62, [new] * len(tokens), tokens, size=11)
+        ax.text(0.3, y - 0.42, where, fontsize=7.5)
+        arrow(ax, (0.3 + 0.62 * len(tokens) + 0.1, y), (3.05, y))
+        box(ax, 3.85, y, f"model(idx, cache)\n{len(tokens)} position{'s' * (row == 0)} "
+            f"per layer", "attn", w=1.6, h=0.6, size=8)
+        if row:
+            ax.text(3.85, y - 0.42, f"without a cache: all {n + 1} again", ha="center",
+                    va="top", fontsize=7.5)
+        arrow(ax, (4.65, y), (5.05, y))
+        # which keys each query reads: the causal triangle, then one row over every kept key
+        q_rows, n_keys, cw = (n, n, 0.22) if row == 0 else (1, n + 1, 0.22)
+        pattern = np.full((q_rows, n_keys), np.nan)
+        for t in range(q_rows):
+            pattern[t, : t + 1 if row == 0 else n_keys] = 0.6
+        matrix(ax, 5.1, y + q_rows * cw / 2, pattern, cw, "Blues")
+        ax.text(5.1 + n_keys * cw / 2, y - q_rows * cw / 2 - 0.08, f"scores {q_rows} × {n_keys}",
+                ha="center", va="top", fontsize=7.5)
+        x0, filled = 7.1, n + row
+        colors = [empty if i >= filled else new if row == 0 or i == n else kept
+                  for i in range(shown)]
+        for dy, name in ((0.25, "k"), (-0.25, "v")):
+            ax.text(x0 - 0.1, y + dy, name, ha="right", va="center", fontsize=9)
+            strip(ax, x0, y + dy, shown, cell, colors,
+                  [str(i) if i < filled else "" for i in range(shown)], size=6.5)
+            ax.text(x0 + shown * cell + 0.1, y + dy, f"… {s['T_max']}", va="center", fontsize=8)
+        arrow(ax, (6.35, y), (x0 - 0.3, y), style="<|-|>")
+        note = (f"stores k, v of positions 0..{n - 1}" if row == 0 else
+                f"appends k, v of position {n}; reads 0..{n - 1} back")
+        ax.text(x0, y - 0.6, note, fontsize=8)
+        arrow(ax, (11.4, y), (11.75, y))
+        ax.text(11.8, y, f"next\ntoken\n{s['next'][row].strip()!r}", fontsize=8, va="center")
+    ax.text(0.2, 0.2, f"Cache memory: 2 (k and v) × {s['layers']} layers × {s['T_max']} "
+            f"positions × {s['d']} numbers × 4 bytes = {s['nbytes']:,} bytes per sequence.   "
+            "Orange: computed in this forward; blue: read from the cache.", fontsize=8.5)
     return fig

@@ -159,8 +159,9 @@ def draw_model(path, preset="cpu", batch_size=16):
 
     c = PRESETS[preset]
     model = GPT(c)
-    sizes = {"name": f"{preset} preset", "B": batch_size, "T": c.max_seq_len, "V": c.vocab_size, "d": c.d_model,
-             "layers": c.n_layers, "heads": c.n_heads, "total": model.num_params(),
+    sizes = {"name": f"{preset} preset", "B": batch_size, "T": c.max_seq_len,
+             "V": c.vocab_size, "d": c.d_model, "layers": c.n_layers, "heads": c.n_heads,
+             "total": model.num_params(),
              "tok_emb": model.embed.tok_emb.weight.numel(),
              "pos_emb": model.embed.pos_emb.weight.numel(),
              "block": sum(p.numel() for p in model.blocks[0].parameters()),
@@ -174,7 +175,8 @@ def main():
     parser.add_argument("--diagram", metavar="PNG", help="draw the preset's diagram there and stop")
     args = parser.parse_args()
     if args.diagram:
-        return print(f"{'diagram':<26} {draw_model(args.diagram, args.preset)}")
+        print(f"{'diagram':<26} {draw_model(args.diagram, args.preset)}")
+        return
 
     seed_everything(1337)
     config = PRESETS[args.preset]
