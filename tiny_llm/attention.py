@@ -108,11 +108,30 @@ def order_checks(attn, T=8):
         print(f"{name:<16} shuffle t = 0..{T - 2}: output at t = {T - 1} changes by {change:.6f}")
 
 
+def draw_flow(path):
+    """Draw x -> q, k, v -> scores -> weights -> out with the check's head and input; save a PNG."""
+    from tiny_llm.diagrams import qkv_diagram
+
+    seed_everything(1337)
+    attn = CausalSelfAttention(d_model=64, max_seq_len=64)
+    x = torch.randn(2, 8, 64)  # the check's input, drawn from the same seed
+    with torch.no_grad():
+        q, k = attn.query(x[0]), attn.key(x[0])  # sequence 0: (T, C) each
+        scores = (q @ k.T / math.sqrt(64)).masked_fill(~attn.mask[:8, :8], float("nan"))
+        weights = attn(x, return_weights=True)[1][0]  # (T, T)
+    sizes = {"B": x.shape[0], "T": x.shape[1], "d": x.shape[2]}
+    return save_figure(qkv_diagram(scores.numpy(), weights.numpy(), sizes), path, dpi=90)
+
+
 def main():
     parser = argparse.ArgumentParser(description="Step 05: one head of causal self-attention.")
     parser.add_argument("--out", default=str(RUNS_DIR / "attention" / "weights.png"),
                         help="where to write the picture of the attention weights")
+    parser.add_argument("--diagram", metavar="PNG", help="draw q, k, v and the weights there, stop")
     args = parser.parse_args()
+    if args.diagram:
+        print(f"{'diagram':<16} {draw_flow(args.diagram)}")
+        return
 
     seed_everything(1337)
     attn = CausalSelfAttention(d_model=64, max_seq_len=64)

@@ -152,10 +152,25 @@ def plot_stds(plain, scaled, path):
     return path
 
 
+def draw_block(path, batch_size=4, seq_len=16, d_model=128, n_heads=4):
+    """Draw one pre-norm Block with the check's shapes and its parameter counts; save a PNG."""
+    from tiny_llm.diagrams import block_diagram
+
+    block = Block(d_model, n_heads, max_seq_len=seq_len)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    sizes = {"B": batch_size, "T": seq_len, "d": d_model, "heads": n_heads, "ln": count(block.ln_1),
+             "attn": count(block.attn), "mlp": count(block.mlp), "total": count(block)}
+    return save_figure(block_diagram(sizes), path, dpi=90)
+
+
 def main():
     parser = argparse.ArgumentParser(description="Step 07: LayerNorm, MLP, Block, init.")
     parser.add_argument("--plot", default=None, help="also save the std curves to this PNG")
+    parser.add_argument("--diagram", metavar="PNG", help="draw the block's diagram there and stop")
     args = parser.parse_args()
+    if args.diagram:
+        print(f"{'diagram':<28} {draw_block(args.diagram)}")
+        return
 
     seed_everything(1337)
     x = torch.randn(4, 16, 128) * 3 + 1  # (B, T, C), far from mean 0 / std 1 on purpose

@@ -24,6 +24,7 @@ from tiny_llm.files import save_figure
 from tiny_llm.generate import DEFAULTS, generate
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.paths import DATA_DIR
+from tiny_llm.plots import plot_attention_maps, plot_loss_gap, plot_positions, write_gap_csv
 from tiny_llm.tokenize import load_tokenizer
 
 
@@ -77,6 +78,12 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--plot", type=Path, default=None,
                         help="the loss curve's PNG (default: loss.png beside the checkpoint)")
+    parser.add_argument("--gap-plot", type=Path, help="also draw train vs validation loss per "
+                        "evaluation to this PNG (and a .csv of the numbers beside it)")
+    parser.add_argument("--attention-plot", type=Path,
+                        help=f"also draw every head's attention on {SENTENCE!r} to this PNG")
+    parser.add_argument("--positions-plot", type=Path,
+                        help="also draw the learned position table (pos_emb) to this PNG")
     parser.add_argument("--samples", type=int, default=2, help="stories to print")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
@@ -122,6 +129,78 @@ def report(args):
     tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
     for i, text in enumerate(samples(model, tokenizer, args.samples, args.seed), start=1):
         print(f"{f'sample {i}':<16} {text!r}")
+    draw_pictures(args, model, tokenizer, log)
+
+
+SENTENCE = "Lily had a red ball. She gave the ball to her little brother, and he smiled."
+
+
+def loss_gap(records):
+    """One row per evaluation: (step, mean train loss since the last one, validation loss).
+
+    The mean over ~eval_interval steps smooths the one-batch noise of the train loss, so the
+    two columns compare like with like. Rounded to 4 decimals, as the .csv keeps them.
+    """
+    rows, since = [], []
+    for r in records:
+        if "train_loss" in r:
+            since.append(r["train_loss"])
+        if r.get("val_loss") is not None:
+            rows.append((r["step"], round(sum(since) / len(since), 4), round(r["val_loss"], 4)))
+            since = []
+    return rows
+
+
+@torch.no_grad()
+def attention_maps(model, idx):
+    """Every head's attention weights on one (1, T) sequence: (n_layers, n_heads, T, T).
+
+    A hook on each block's attention recomputes softmax(q kᵀ / √head_size) from the input the
+    layer received, as step 06's explicit path does (the fast path never stores the weights).
+    """
+    maps = []
+
+    def keep(attn, inputs, _out):
+        x = inputs[0]
+        B, T, C = x.shape
+        q, k, _ = attn.qkv(x).split(C, dim=2)
+        q, k = (t.view(B, T, attn.n_heads, attn.head_size).transpose(1, 2) for t in (q, k))
+        q, k = attn.position(q, k, 0)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_size)  # (B, H, T, T)
+        bias = attn.bias(T, T)
+        scores = scores + bias if bias is not None else scores.masked_fill(
+            ~attn.mask[:T, :T], float("-inf"))
+        maps.append(torch.softmax(scores, dim=-1)[0])
+
+    hooks = [block.attn.register_forward_hook(keep) for block in model.blocks]
+    try:
+        model.eval()(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack(maps).cpu()
+
+
+def draw_pictures(args, model, tokenizer, log):
+    """The --gap-plot, --attention-plot and --positions-plot pictures that were asked for."""
+    name = args.checkpoint.parent.name
+    if args.gap_plot and log.is_file():
+        rows = loss_gap(read_log(log))
+        write_gap_csv(rows, args.gap_plot.with_suffix(".csv"))
+        plot_loss_gap(rows, args.gap_plot, f"{name}: train vs validation loss")
+        print(f"{'gap plot':<16} {args.gap_plot} ({len(rows)} evaluations, last gap "
+              f"{rows[-1][2] - rows[-1][1]:.2f} nats)")
+    if args.attention_plot:
+        ids = tokenizer.encode(SENTENCE).ids
+        device = next(model.parameters()).device
+        maps = attention_maps(model, torch.tensor([ids], device=device))
+        tokens = [tokenizer.decode([i]) for i in ids]
+        plot_attention_maps(maps, tokens, args.attention_plot, f"{name}: attention of every head")
+        print(f"{'attention plot':<16} {args.attention_plot} ({len(ids)} tokens)")
+    if args.positions_plot:
+        table = model.embed.pos_emb.weight.detach().cpu()
+        plot_positions(table, args.positions_plot, f"{name}: learned positions after training")
+        print(f"{'positions plot':<16} {args.positions_plot} {tuple(table.shape)}")
 
 
 def main():

@@ -163,10 +163,31 @@ def check_targets(idx, targets, vocab_size):
                          f"got values from {low} to {high}")
 
 
+def draw_model(path, preset="cpu", batch_size=16):
+    """Draw the whole GPT of `preset` with its real shapes and parameter counts; save a PNG."""
+    from tiny_llm.diagrams import model_diagram
+    from tiny_llm.files import save_figure
+
+    c = PRESETS[preset]
+    model = GPT(c)
+    sizes = {"name": f"{preset} preset", "B": batch_size, "T": c.max_seq_len,
+             "V": c.vocab_size, "d": c.d_model, "layers": c.n_layers, "heads": c.n_heads,
+             "total": model.num_params(),
+             "tok_emb": model.embed.tok_emb.weight.numel(),
+             "pos_emb": model.embed.pos_emb.weight.numel(),
+             "block": sum(p.numel() for p in model.blocks[0].parameters()),
+             "ln_f": sum(p.numel() for p in model.ln_f.parameters())}
+    return save_figure(model_diagram(sizes), path, dpi=90)
+
+
 def main():
     parser = argparse.ArgumentParser(description="Step 08: build a GPT, count it, score it.")
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS))
+    parser.add_argument("--diagram", metavar="PNG", help="draw the preset's diagram there and stop")
     args = parser.parse_args()
+    if args.diagram:
+        print(f"{'diagram':<26} {draw_model(args.diagram, args.preset)}")
+        return
 
     seed_everything(1337)
     config = PRESETS[args.preset]

@@ -99,14 +99,30 @@ def compare(model, idx, max_new_tokens, device, rounds=2):
     return slow, fast, slow_s, fast_s
 
 
+def draw_cache(path, prompt=("Once", " upon", " a", " time"), next_tokens=(",", " there")):
+    """Draw prefill and one decode step with the default preset's cache sizes; save a PNG."""
+    from tiny_llm.diagrams import cache_diagram
+    from tiny_llm.files import save_figure
+
+    c = PRESETS[DEFAULT_PRESET]
+    sizes = {"name": f"{DEFAULT_PRESET} preset", "prompt": list(prompt), "next": list(next_tokens),
+             "layers": c.n_layers, "T_max": c.max_seq_len, "d": c.d_model,
+             "nbytes": KVCache(c).nbytes()}
+    return save_figure(cache_diagram(sizes), path, dpi=90)
+
+
 def main():
     parser = argparse.ArgumentParser(description="Step 12: generation with a KV cache.")
+    parser.add_argument("--diagram", metavar="PNG", help="draw prefill and decode there and stop")
     parser.add_argument("--checkpoint", default=None, help="a trained ckpt.pt (default: an "
                         f"untrained {DEFAULT_PRESET} GPT; speed does not depend on the weights)")
     parser.add_argument("--prompt", default="Once upon a time")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     args = parser.parse_args()
+    if args.diagram:
+        print(f"{'diagram':<16} {draw_cache(args.diagram)}")
+        return
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     try:

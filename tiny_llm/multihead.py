@@ -15,6 +15,7 @@ path as a function of q, k and v alone, so that every later attention (step 12's
 Run the check:  uv run python -m tiny_llm.multihead
 """
 
+import argparse
 import math
 
 import torch
@@ -145,7 +146,22 @@ def _describe(x):
     return f"{x.dtype} tensor" if torch.is_tensor(x) else type(x).__name__
 
 
+def draw_heads(path, batch_size=2, seq_len=16, d_model=64, n_heads=4):
+    """Draw how (B, T, C) becomes (B, heads, T, head_size) and back, at the check's sizes."""
+    from tiny_llm.diagrams import heads_diagram
+    from tiny_llm.files import save_figure
+
+    sizes = {"B": batch_size, "T": seq_len, "d": d_model, "heads": n_heads}
+    return save_figure(heads_diagram(sizes), path, dpi=90)
+
+
 def main():
+    parser = argparse.ArgumentParser(description="Step 06: multi-head attention.")
+    parser.add_argument("--diagram", metavar="PNG", help="draw the heads' reshape there and stop")
+    args = parser.parse_args()
+    if args.diagram:
+        print(f"{'diagram':<28} {draw_heads(args.diagram)}")
+        return
     seed_everything(1337)
     d_model, n_heads, max_seq_len = 64, 4, 32
     attn = MultiHeadAttention(d_model, n_heads, max_seq_len).eval()
