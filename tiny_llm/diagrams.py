@@ -106,9 +106,9 @@ def model_diagram(s):
     counts tok_emb, pos_emb, block, ln_f, total (see gpt.draw_model)."""
     fig, ax = canvas(8.2, 9.4)
     x, d, B, T = 3.9, s["d"], s["B"], s["T"]
-    ax.text(4.1, 9.1, f"GPT ({s['name']}), {s['total']:,} parameters: {s['layers']} blocks, "
+    ax.text(4.1, 9.1, f"GPT ({s['name']}), {s['total']:,} parameters\n{s['layers']} blocks, "
             f"d_model {d}, {s['heads']} heads, context {T}, vocabulary {s['V']:,}", fontsize=10,
-            weight="bold", ha="center")
+            weight="bold", ha="center", va="center")
     box(ax, x, 8.45, f"token ids idx  (B, T) = ({B}, {T})", "tensor", w=3.2, h=0.42)
     box(ax, 2.6, 7.45, f"tok_emb  {s['V']:,} × {d}\n{s['tok_emb']:,} parameters", "embed",
         w=2.3, h=0.62)
@@ -131,7 +131,7 @@ def model_diagram(s):
     arrow(ax, (x, 3.6), (x, 3.4), f"({B}, {T}, {d})")
     box(ax, x, 3.15, f"ln_f  LayerNorm({d}), {s['ln_f']:,} parameters", "norm", w=3.6, h=0.5)
     arrow(ax, (x, 2.9), (x, 2.55))
-    box(ax, x, 2.2, f"head  Linear {d} → {s['V']:,}, no bias\nits weight is tok_emb's matrix",
+    box(ax, x, 2.2, f"lm_head  Linear {d} → {s['V']:,}, no bias\nits weight is tok_emb's matrix",
         "embed", w=3.6, h=0.66)
     arrow(ax, (x - 1.8, 2.2), (1.45, 7.45), style="<|-|>", linestyle="--",
           connectionstyle="arc3,rad=-0.3")
