@@ -286,8 +286,10 @@ class WarmPython:
 
 def run_python(argv, cwd, env, timeout, warm=None):
     """`python *argv` in the folder cwd, in a fork of `warm` (a WarmPython) or, when warm is None,
-    in a brand-new interpreter. Returns a subprocess.CompletedProcess with text stdout, stderr."""
-    if warm is None:
+    in a brand-new interpreter. Returns a subprocess.CompletedProcess with text stdout, stderr.
+    torchrun always starts fresh: its agent, forked from an interpreter that has torch's threads
+    running, hung (minutes at 0% CPU) where a fresh one finishes in seconds."""
+    if warm is None or "torch.distributed.run" in argv[:2]:
         return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout, check=False)
     code, out, err = warm.run(argv, cwd, env, timeout)

@@ -20,9 +20,8 @@ TIMEOUT = 180  # seconds: a hung collective fails the test instead of the suite
 
 
 def torchrun(warm, *flags, script=("-m", "tiny_llm.scale"), cwd, data_dir):
-    """Run 2 ranks under torchrun as a learner would; returns the finished process. torchrun
-    itself runs in a fork of the tests' warm interpreter (tests/chapters.py); its ranks start
-    fresh, as torchrun starts them."""
+    """Run 2 ranks under torchrun as a learner would; returns the finished process (torchrun
+    and its ranks start fresh: tests/chapters.py's run_python never forks torchrun)."""
     argv = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *script,
             "--preset", "tiny", "--batch-size", "4", "--warmup-steps", "2", "--eval-iters", "1",
             "--sample-tokens", "0", "--device", "cpu", "--time-budget", "0", *flags]
