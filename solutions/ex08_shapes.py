@@ -22,7 +22,7 @@ WATCH = {  # module name -> what its output is
     "blocks.0": "block 0's output: the stream, same shape",
     "blocks.5": "block 5's output",
     "ln_f": "final LayerNorm",
-    "head": "a score for every token of the vocabulary",
+    "lm_head": "a score for every token of the vocabulary",
 }
 
 

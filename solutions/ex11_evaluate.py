@@ -61,7 +61,7 @@ def exercise_5_nearest_neighbours(model, tokenizer, words=WORDS, k=5):
     """The k tokens whose rows of the token table (the tied `head.weight`, one row per token)
     point most like each word's row, by cosine similarity, nearest first, the word left out.
     Each word must be one token, its leading space included. Returns {word: [(token, cos)]}."""
-    table = F.normalize(model.head.weight.detach().float(), dim=1)  # (V, C), rows of length 1
+    table = F.normalize(model.lm_head.weight.detach().float(), dim=1)  # (V, C), rows of length 1
     found = {}
     for word in words:
         ids = tokenizer.encode(word).ids

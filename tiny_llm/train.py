@@ -100,8 +100,8 @@ def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps):
 
 def param_groups(model, weight_decay):
     """AdamW groups: decay the matrices (2-D: Linear and Embedding weights) and nothing else.
-    Pulling 1-D biases and gains towards 0 would only fight the scale and offset they exist to
-    set. The tied tok_emb/lm_head matrix is one tensor, decayed once."""
+    Biases and LayerNorm gains are 1-D: pulling them towards 0 would only fight the scale and
+    offset they exist to set. The tied tok_emb/lm_head matrix is one tensor, decayed once."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
