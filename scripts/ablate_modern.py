@@ -2,7 +2,7 @@
 
 Every row keeps the changes above it and adds one:
 
-    gpt            step 08's GPT at the main job's size ("cpu": context 64) and recipe
+    gpt            step 08's GPT at the main job's width and depth ("cpu"), context 64 (--context)
     +rmsnorm       RMSNorm instead of LayerNorm (learned positions, GELU MLP, biases: as before)
     +rope          RoPE in every attention instead of the learned position table
     +swiglu        SwiGLU (d_ff = 344) instead of the 4·d GELU MLP: the same number of weights
@@ -52,9 +52,11 @@ def add_biases(model):
     return model
 
 
-def build(row, vocab_size, preset="cpu"):
-    """The model of one row at a preset's size, freshly initialised (seed it first)."""
-    gpt_config = replace(GPT_PRESETS[preset], vocab_size=vocab_size)
+def build(row, vocab_size, preset="cpu", context=64):
+    """The model of one row at a preset's size and a context length, freshly initialised (seed
+    it first). 64 is the context of the recorded table: the main job's before step 10's second
+    screening moved it to 128."""
+    gpt_config = replace(GPT_PRESETS[preset], vocab_size=vocab_size, max_seq_len=context)
     modern = replace(PRESETS[preset], vocab_size=vocab_size,  # step 08's context in every row
                      max_seq_len=gpt_config.max_seq_len, n_kv_heads=gpt_config.n_heads // 2)
     if row in ("gpt", "+rmsnorm"):
@@ -103,7 +105,7 @@ def train_for(model, data, seconds, cfg, muon=False):
 def run_row(row, seed, args, meta, train_data, valid_data):
     """Train and score one row with one seed; returns the record of the table."""
     seed_everything(seed)
-    model = build(row, meta["vocab_size"], args.preset)
+    model = build(row, meta["vocab_size"], args.preset, args.context)
     cfg = replace(TrainConfig(), seed=seed, dtype="float32", lr=args.lr, min_lr=args.lr / 10)
     muon = ROWS.index(row) >= ROWS.index("+muon")  # every row from +muon on trains with Muon
     steps, cpu_s, wall_s, train_loss = train_for(model, train_data, args.seconds, cfg, muon)
@@ -164,9 +166,10 @@ def main():
     parser.add_argument("--seconds", type=float, default=120.0, help="CPU seconds per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
-    parser.add_argument("--lr", type=float, default=TrainConfig.lr)
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak (the recorded table's)")
     parser.add_argument("--preset", default=TrainConfig.preset, choices=sorted(PRESETS),
                         help="the size of every row (both models have it)")
+    parser.add_argument("--context", type=int, default=64, help="every row's context length")
     parser.add_argument("--out", default="ablation.jsonl", help="one JSON line per run, appended")
     parser.add_argument("--report", nargs="+", metavar="JSONL", help="print the table and stop")
     parser.add_argument("--plot", metavar="PNG", help="with --report: also draw the table")

@@ -31,7 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 SMALL = {"max_seq_len": 256, "d_model": 128, "n_layers": 4, "n_heads": 4}  # the old default
 NANO = {"max_seq_len": 64, "d_model": 128, "n_layers": 4, "n_heads": 4}  # nanoGPT's CPU shape
-ROWS = {  # name: (model shape, TrainConfig changes)
+# every row starts from the settings the first screening ran with, whatever TrainConfig's defaults
+# are now, so that a row of chapter 10's tables means the same run today
+BASE = {"optimizer": "adamw", "lr": 2e-3, "min_lr": 2e-4}
+ROWS = {  # name: (model shape, TrainConfig changes to BASE)
     "small-t256": (SMALL, {}),
     "t64": (NANO, {}),
     "t128": ({**NANO, "max_seq_len": 128}, {}),
@@ -59,13 +62,24 @@ ROWS = {  # name: (model shape, TrainConfig changes)
                                 {"model": "modern", "lr": 2e-3, "min_lr": 0.0}),
     "modern-t256-min0": ({**NANO, "max_seq_len": 256, "n_kv_heads": 4, "d_ff": 344},
                          {"model": "modern", "lr": 3e-3, "min_lr": 0.0}),
-    # step 15's MuonAdamW (--optimizer muon) on the modern model, lr 3e-3 for both kinds of group
+    # step 10's MuonAdamW (--optimizer muon) on the modern model, lr 3e-3 for both kinds of group
     "modern-t64-muon": ({**NANO, "n_kv_heads": 4, "d_ff": 344},
                         {"model": "modern", "optimizer": "muon", "lr": 3e-3, "min_lr": 0.0}),
     "modern-t128-muon": ({**NANO, "max_seq_len": 128, "n_kv_heads": 4, "d_ff": 344},
                          {"model": "modern", "optimizer": "muon", "lr": 3e-3, "min_lr": 0.0}),
     "modern-t256-muon": ({**NANO, "max_seq_len": 256, "n_kv_heads": 4, "d_ff": 344},
                          {"model": "modern", "optimizer": "muon", "lr": 3e-3, "min_lr": 0.0}),
+    # step 08's GPT with step 15's MuonAdamW: the main job's model with the better optimizer
+    "t64-muon": (NANO, {"optimizer": "muon", "lr": 3e-3, "min_lr": 0.0}),
+    "t128-muon": ({**NANO, "max_seq_len": 128}, {"optimizer": "muon", "lr": 3e-3, "min_lr": 0.0}),
+    "t128-muon-b8": ({**NANO, "max_seq_len": 128}, {"optimizer": "muon", "lr": 3e-3, "min_lr": 0.0,
+                                                    "batch_size": 8}),
+    "t128-muon-lr5e-3": ({**NANO, "max_seq_len": 128}, {"optimizer": "muon", "lr": 5e-3,
+                                                        "min_lr": 0.0}),
+    "t128-muon-lr7e-3": ({**NANO, "max_seq_len": 128}, {"optimizer": "muon", "lr": 7e-3,
+                                                        "min_lr": 0.0}),
+    "t128-muon-lr1e-2": ({**NANO, "max_seq_len": 128}, {"optimizer": "muon", "lr": 1e-2,
+                                                        "min_lr": 0.0}),
     "t64-lr3e-3-drop0.1": (NANO, {"lr": 3e-3, "min_lr": 3e-4, "dropout": 0.1}),
     "t64-lr3e-3-min0": (NANO, {"lr": 3e-3, "min_lr": 0.0}),
 }
@@ -82,7 +96,7 @@ def run_row(name, data_dir, budget, out_dir):
     cls = model_class(changes.get("model", "gpt"))
     cls.presets[f"sweep-{name}"] = cls.config_class(**shape)  # this process only: the row's shape
     cfg = replace(TrainConfig(preset=f"sweep-{name}", time_budget=budget, data_dir=str(data_dir),
-                              out=str(out_dir / name), device="cpu"), **changes)
+                              out=str(out_dir / name), device="cpu"), **BASE | changes)
     start = time.perf_counter()
     result = train(cfg)
     wall = time.perf_counter() - start
