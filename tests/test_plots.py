@@ -41,7 +41,7 @@ def test_loss_gap_averages_the_train_loss_between_evaluations():
 
 
 def test_gap_csv_round_trips_and_draws_chapter_10s_picture(tmp_path):
-    rows = read_gap_csv(IMAGES / "10-loss-gap.csv")  # the main job's record, 32 evaluations
+    rows = read_gap_csv(IMAGES / "10-loss-gap.csv")  # the main job's record, 14 evaluations
     write_gap_csv(rows, tmp_path / "gap.csv")
     assert read_gap_csv(tmp_path / "gap.csv") == rows
     first = plot_loss_gap(rows, tmp_path / "a.png", "final: train vs validation loss").read_bytes()

@@ -36,11 +36,12 @@ def losses(out):
 
 @pytest.fixture(scope="module")
 def one_rank(sample_data_dir, tmp_path_factory):
-    """The reference: one process, 8 windows a step (what 2 ranks of 4 windows share)."""
+    """The reference: one process, 8 windows a step (what 2 ranks of 4 windows share), with
+    AdamW, the optimizer a sharded run falls back to (Muon needs whole matrices)."""
     out = tmp_path_factory.mktemp("one")
     train(TrainConfig(preset="tiny", max_steps=4, batch_size=8, warmup_steps=2, eval_interval=2,
                       eval_iters=1, data_dir=str(sample_data_dir), out=str(out), device="cpu",
-                      time_budget=0))
+                      time_budget=0, optimizer="adamw"))
     return out
 
 
@@ -66,6 +67,7 @@ def test_fsdp2_trains_like_one_process_resumes_and_gathers_a_plain_checkpoint(
                      data_dir=sample_data_dir)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "ranks        2 x cpu (gloo), FSDP2 shards" in first.stdout
+    assert "optimizer    adamw: FSDP2 shards the matrices that Muon needs whole" in first.stdout
     assert first.stdout.count("step 2 ") == 1  # rank 0 alone prints
     second = torchrun(warm_python, "--max-steps", "4", "--resume", *flags, cwd=tmp_path,
                       data_dir=sample_data_dir)

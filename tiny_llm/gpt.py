@@ -51,8 +51,8 @@ class GPTConfig:
 # Named sizes; steps/08-gpt.md has their parameter counts and measured speeds.
 PRESETS = {
     "tiny": GPTConfig(max_seq_len=64, d_model=64, n_layers=2, n_heads=2),  # tests: seconds on CPU
-    # the main job on a CPU: the sweep in steps/10-train.md found a short context best in 10 minutes
-    "cpu": GPTConfig(max_seq_len=64, d_model=128, n_layers=4, n_heads=4),
+    # the main job on a CPU: the sweeps in steps/10-train.md found a short context best in 10 minutes
+    "cpu": GPTConfig(max_seq_len=128, d_model=128, n_layers=4, n_heads=4),
     "small": GPTConfig(max_seq_len=256, d_model=128, n_layers=4, n_heads=4),  # a 256-token context
     "medium": GPTConfig(max_seq_len=256, d_model=384, n_layers=6, n_heads=6),  # a laptop GPU
     "gpu": GPTConfig(max_seq_len=512, d_model=512, n_layers=8, n_heads=8),  # one data-centre GPU

@@ -1,4 +1,4 @@
-"""Step 15, part 2: Muon for the hidden matrices and AdamW for the rest, in one optimizer.
+"""Step 10's optimizer: Muon for the matrices in the blocks and AdamW for the rest, in one object.
 
 AdamW scales every weight's step by that weight's own gradient history. Muon (Keller Jordan,
 2024; torch.optim.Muon since PyTorch 2.9) treats a weight matrix as a whole: it takes the
@@ -7,9 +7,9 @@ G = U·S·Vᵀ. Every direction the gradient points in gets the same step size, 
 directions that dominate G no longer drown out the rest. Five Newton-Schulz iterations
 approximate U·Vᵀ with matrix products only, which is why it is cheap enough to run every step.
 
-Muon is for the 2-D weights inside the blocks. The embedding table (a lookup, not a product)
-and the 1-D gains stay with AdamW, as in every Muon recipe; one optimizer object holds both
-kinds of group, so step 10's loop, schedule and checkpoints work unchanged.
+Muon is for the 2-D weights inside the blocks. The embedding tables (lookups, not products)
+and the 1-D gains and biases stay with AdamW, as in every Muon recipe; one optimizer object
+holds both kinds of group, so step 10's loop, schedule and checkpoints work unchanged.
 
 torch.optim.Muon runs its iterations in bfloat16, which a GPU does at full speed and a CPU
 without native bfloat16 emulates at a fiftieth of float32 (step 13): on such a CPU it made a
@@ -63,10 +63,10 @@ def muon_groups(model, weight_decay):
 
 
 def muon_adamw(model, cfg):
-    """The optimizer step 10's loop builds for `--optimizer muon`, from its TrainConfig."""
+    """Step 10's default optimizer (`--optimizer muon`), built from its TrainConfig."""
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         raise ValueError("--optimizer muon needs whole matrices, and FSDP2 (step 16) shards "
-                         "them: train with DDP (no --fsdp) or with --optimizer adamw")
+                         "them: train with DDP (no --shard) or with --optimizer adamw")
     return MuonAdamW(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
 
 
@@ -159,9 +159,9 @@ def main():
     muon_diff, adamw_diff = one_step_against_torch()
     print(f"one step vs torch.optim.Muon (bfloat16 inside): max |difference| {muon_diff:.1e}")
     print(f"one step vs torch.optim.AdamW:                  max |difference| {adamw_diff:.1e}")
-    from tiny_llm.modern import PRESETS, ModernGPT
+    from tiny_llm.gpt import GPT, PRESETS  # step 08's model, at the main job's size
 
-    model = ModernGPT(PRESETS["cpu"])
+    model = GPT(PRESETS["cpu"])
     for group, name in zip(muon_groups(model, 0.1), ("Muon", "AdamW tables", "AdamW gains"),
                            strict=True):
         n = sum(p.numel() for p in group["params"])

@@ -127,6 +127,9 @@ def train_ranks(cfg, device, shard=False):
     dist.barrier()
     print(f"{'ranks':<12} {parallel.world_size} x {device.type} ({dist.get_backend()}), "
           f"{'FSDP2 shards' if shard else 'DDP replicas'}")
+    if shard and cfg.optimizer == "muon":  # Muon orthogonalises whole matrices; a rank has 1/world
+        print(f"{'optimizer':<12} adamw: FSDP2 shards the matrices that Muon needs whole")
+        cfg = replace(cfg, optimizer="adamw")
     return train(replace(cfg, device=str(device)), parallel)
 
 

@@ -29,6 +29,7 @@ from tiny_llm.device import (  # noqa: F401 (kept_memory: step 10 uses it, step 
     synchronize,
 )
 from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS
+from tiny_llm.muon import MuonAdamW, muon_groups
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class Setting:
     name: str = "float32"
     dtype: str = "float32"  # or "bfloat16": matmuls under autocast, weights stay float32
     sdpa: bool = True  # False: step 06's explicit attention (scores, mask, softmax)
-    adamw: str = "for-loop"  # "foreach" or "fused": the same update in fewer, bigger kernels
+    adamw: str = "for-loop"  # "foreach" or "fused": the same update in fewer, bigger kernels;
+    # "muon": step 10's MuonAdamW, the main job's optimizer (Muon for the matrices in the blocks)
     keep_memory: bool = False  # CPU: malloc keeps freed memory for the next step (glibc only)
     compile: bool = False  # torch.compile the model: fused kernels, but minutes to compile
 
@@ -75,14 +77,17 @@ def flops_per_token(config, n_matmul):
 
 
 def build(config, setting, device, seed=1337):
-    """A fresh model and AdamW for `setting`; returns (model, forward_fn, optimizer)."""
+    """A fresh model and its optimizer for `setting`; returns (model, forward_fn, optimizer)."""
     seed_everything(seed)
     model = GPT(config).to(device).train()
     for block in model.blocks:
         block.attn.use_sdpa = setting.sdpa
     kind = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95),
-                                  **kind[setting.adamw])
+    if setting.adamw == "muon":
+        optimizer = MuonAdamW(muon_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.95))
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95),
+                                      **kind[setting.adamw])
     forward = torch.compile(model) if setting.compile else model
     return model, forward, optimizer
 

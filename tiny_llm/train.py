@@ -9,7 +9,6 @@ A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 
 """
 
 import argparse
-import importlib
 import math
 import sys
 import time
@@ -32,6 +31,7 @@ from tiny_llm.data import ensure_data, get_batch, load_token_array
 from tiny_llm.device import autocast, kept_memory, pick_device, seed_everything
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.loss import mean_loss
+from tiny_llm.muon import muon_adamw
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
 from tiny_llm.processes import ONE_PROCESS
 
@@ -49,12 +49,12 @@ class TrainConfig:
     resume: bool = False  # continue the run saved in out/ckpt.pt
     batch_size: int = 16  # windows of max_seq_len tokens per micro-batch
     grad_accum: int = 1  # micro-batches per update: the update sees batch_size·grad_accum windows
-    lr: float = 3e-3  # peak learning rate, reached at the end of warmup
-    min_lr: float = 3e-4  # the floor the cosine decays to
+    lr: float = 5e-3  # peak learning rate, reached at the end of warmup
+    min_lr: float = 0.0  # the floor the cosine decays to
     warmup_steps: int = 100
     lr_decay_steps: int = 0  # where the cosine reaches min_lr (0: at max_steps)
     weight_decay: float = 0.1
-    optimizer: str = "adamw"  # adamw, or muon: step 15's Muon for the matrices in the blocks
+    optimizer: str = "muon"  # muon: Muon for the matrices in the blocks, AdamW for the rest; adamw
     grad_clip: float = 1.0  # largest gradient norm allowed (0: no clipping)
     eval_interval: int = 200  # evaluate on valid.bin and save a checkpoint every this many steps
     eval_iters: int = 20  # batches per evaluation
@@ -148,8 +148,8 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     if cfg.compile:
         model.compile()  # in place: the state_dict keeps its names
     model = parallel.wrap(model)
-    if cfg.optimizer == "muon":  # step 15's MuonAdamW, imported by name (course order)
-        optimizer = importlib.import_module("tiny_llm.muon").muon_adamw(parallel.unwrap(model), cfg)
+    if cfg.optimizer == "muon":
+        optimizer = muon_adamw(parallel.unwrap(model), cfg)
     else:  # fused: the whole update in one kernel per parameter group (CPU and CUDA), same math
         optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
                                       betas=(0.9, 0.95), fused=device.type in ("cpu", "cuda"))
