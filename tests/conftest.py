@@ -63,6 +63,7 @@ def pytest_collection_modifyitems(config, items):
 # `pytest -n 0 --durations=40`; a module whose tests share a fixture counts as one piece of work.
 CONSOLE = "tests/test_chapters.py::test_console_block_matches_a_real_run["
 EXPECTED_SECONDS = [
+    (CONSOLE + "13-speed.md", 60),  # every setting on the small preset; bf16 emulated on a CPU
     ("tests/test_scale.py::test_fsdp2", 30),  # two torchrun jobs of 2 ranks
     (CONSOLE + "16-scale-out.md:232", 30),  # a torchrun job and a one-process run
     (CONSOLE + "17-export.md", 20),
