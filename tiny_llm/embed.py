@@ -19,37 +19,6 @@ from tiny_llm.files import save_figure
 from tiny_llm.paths import RUNS_DIR
 
 
-def check_ids(idx, vocab_size, max_seq_len):
-    """Raise a clear error unless `idx` is a (B, T) integer tensor that fits the tables.
-
-    Called where ids enter (get_batch's data, a prompt, a command line), not in every forward:
-    its min() and max() wait for the device, once per input rather than once per step."""
-    if not isinstance(idx, torch.Tensor):
-        raise TypeError(f"token ids must be a torch.Tensor, got {type(idx).__name__}: "
-                        "use torch.tensor(ids) or the batches from get_batch")
-    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
-        raise TypeError(f"token ids must be integers, got dtype {idx.dtype}: pass the ids "
-                        "themselves (int64), e.g. idx.long() if they are whole numbers")
-    if idx.dim() != 2:
-        raise ValueError(f"expected a (B, T) batch of token ids, got shape {tuple(idx.shape)}: "
-                         "for one sequence use idx.unsqueeze(0)")
-    check_length(idx.shape[1], max_seq_len)
-    if idx.numel() > 0:
-        low, high = idx.min().item(), idx.max().item()
-        if low < 0 or high >= vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size}): "
-                             "use the tokenizer the model was built for (same vocab_size)")
-
-
-def check_length(T, max_seq_len):
-    """Raise a clear error if T positions do not fit a table of max_seq_len; free to call."""
-    if T > max_seq_len:
-        raise ValueError(f"sequence length T={T} exceeds max_seq_len={max_seq_len}: there is no "
-                         f"position vector past {max_seq_len - 1}; keep the last {max_seq_len} "
-                         f"tokens (idx[:, -{max_seq_len}:]) or build with a larger max_seq_len")
-
-
 class Embed(nn.Module):
     """Token embedding plus learned absolute position embedding, added.
 
@@ -73,16 +42,57 @@ class Embed(nn.Module):
                 nn.init.normal_(table.weight, mean=0.0, std=0.02)
 
     def forward(self, idx, start=0):
-        """`start` is the position of idx[:, 0]: 0, except when a KV cache (step 12) already
-        holds the positions before it. Ids are checked where they enter (check_ids); here
-        only the length, which costs nothing."""
-        T = idx.shape[1]
-        check_length(start + T, self.max_seq_len)  # the one check: a shape, no device sync
-        x = self.tok_emb(idx)  # (B, T, C): row idx[b, t] of the table
+        """(B, T) int ids -> (B, T, d_model). `start` is the position of idx[:, 0]: 0, except
+        when a KV cache (step 12) already holds the positions before it."""
+        T = check_batch(idx)  # dtype and rank: read off the tensor, no wait for the device
+        check_length(start + T, self.max_seq_len)
+        try:
+            x = self.tok_emb(idx)  # (B, T, C): row idx[b, t] of the table
+        except IndexError:  # an id outside the table: only now look for it, to name it
+            check_ids(idx, self.vocab_size, self.max_seq_len)
+            raise
         if self.pos_emb is None:
             return x
         pos = torch.arange(start, start + T, device=idx.device)  # (T,) = start, ..., start + T - 1
         return x + self.pos_emb(pos)  # (B, T, C) + (T, C) broadcasts over B
+
+
+def check_batch(idx):
+    """Raise a clear error unless `idx` is a (B, T) tensor of integer ids; return T.
+
+    Only the dtype and the shape are read: free, so every forward can afford it."""
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"token ids must be a torch.Tensor, got {type(idx).__name__}: "
+                        "use torch.tensor(ids) or the batches from get_batch")
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise TypeError(f"token ids must be integers, got dtype {idx.dtype}: pass the ids "
+                        "themselves (int64), e.g. idx.long() if they are whole numbers")
+    if idx.dim() != 2:
+        raise ValueError(f"expected a (B, T) batch of token ids, got shape {tuple(idx.shape)}: "
+                         "for one sequence use idx.unsqueeze(0)")
+    return idx.shape[1]
+
+
+def check_ids(idx, vocab_size, max_seq_len):
+    """check_batch, the length, and every id in [0, vocab_size): for ids from outside.
+
+    Called where ids enter (a prompt, a data file) and when a lookup fails: min() and max()
+    wait for the device, so they run once per input, not in every training step."""
+    check_length(check_batch(idx), max_seq_len)
+    if idx.numel() > 0:
+        low, high = idx.min().item(), idx.max().item()
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size}): "
+                             "use the tokenizer the model was built for (same vocab_size)")
+
+
+def check_length(T, max_seq_len):
+    """Raise a clear error if T positions do not fit a table of max_seq_len; free to call."""
+    if T > max_seq_len:
+        raise ValueError(f"sequence length T={T} exceeds max_seq_len={max_seq_len}: there is no "
+                         f"position vector past {max_seq_len - 1}; keep the last {max_seq_len} "
+                         f"tokens (idx[:, -{max_seq_len}:]) or build with a larger max_seq_len")
 
 
 def sinusoidal_table(max_len, d_model):

@@ -64,7 +64,7 @@ class GPT(nn.Module):
     """A decoder-only transformer: (B, T) token ids -> (B, T, vocab_size) next-token logits.
 
     A variant (step 14's position schemes, step 15's modern model) is a subclass that overrides
-    what it builds differently, `make_embed`, `make_block` or `make_norm`; forward is this one.
+    the parts it builds differently; forward is this one.
     """
 
     config_class = GPTConfig  # what a checkpoint's "config" dict is rebuilt into
@@ -103,11 +103,10 @@ class GPT(nn.Module):
         With `targets` (B, T) int ids (the next token at each position), loss is the mean
         cross-entropy over every position; positions whose target is -1 are left out.
         With a `cache` (step 12's KVCache; eval mode only), idx holds only the tokens that
-        follow the cache.length positions it already holds. Ids are checked where they enter
-        (embed.check_ids); the forward checks shapes only, which costs no device sync.
+        follow the cache.length positions it already holds.
         """
         start = 0 if cache is None else self._check_cache(cache, idx)
-        x = self.drop(self.embed(idx, start))  # (B, T, C); Embed checks that T fits
+        x = self.drop(self.embed(idx, start))  # (B, T, C); Embed checks dtype, rank, length
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)
         if cache is not None:

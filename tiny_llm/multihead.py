@@ -9,8 +9,8 @@ side by side again and mixed by one output projection.
 Two ways to compute the same thing: the attention math written out (scores, causal mask,
 softmax) and PyTorch's fused `F.scaled_dot_product_attention`, which never stores the
 (T, T) score matrix. `use_sdpa` picks one; the check shows they agree. `attend` is the fused
-path as a function of q, k and v alone, so that every later attention (step 12's cache, step
-14's position schemes, step 15's grouped-query heads) calls the same few lines.
+path as a function of q, k and v alone, so that every attention of the course calls the same
+few lines.
 
 Run the check:  uv run python -m tiny_llm.multihead
 """
@@ -28,11 +28,11 @@ from tiny_llm.device import seed_everything
 def attend(q, k, v, dropout_p=0.0, bias=None):
     """Causal attention of queries q over keys k and values v: the heart of every layer.
 
-    q (B, H, Tq, hs); k, v (B, Hkv, Tk, hs), where Hkv divides H: with fewer key/value heads
-    (grouped-query attention, step 15) each serves H // Hkv query heads. Returns (B, H, Tq, hs).
-    Tq == Tk: query i sees keys 0..i. Tq == 1: one new query after a cache of keys (step 12)
-    sees them all. `bias`, an additive float mask broadcastable to (B, H, Tq, Tk) with -inf
-    where a query must not look (step 14's ALiBi), replaces the built-in causal mask.
+    q (B, H, Tq, hs); k, v (B, Hkv, Tk, hs) -> (B, H, Tq, hs). Query i sees keys 0..i.
+    Tq == 1: one new query after a cache of keys (step 12) sees them all.
+    `bias` (step 14's ALiBi): an additive float mask broadcastable to (B, H, Tq, Tk), -inf
+    where a query must not look; it replaces the built-in causal mask.
+    Hkv < H (grouped-query attention, step 15): each key/value head serves H // Hkv query heads.
     """
     if k.shape[1] != q.shape[1]:
         groups = q.shape[1] // k.shape[1]  # (B, Hkv, Tk, hs) -> (B, H, Tk, hs): copies per group

@@ -1,0 +1,204 @@
+"""Shared helper: the package as it stands at the end of every step, from the chapters' changes.
+
+    uv run python -m tiny_llm.workalong --state 04 --out DIR   # DIR/tiny_llm/ as at step 04
+
+The finished `tiny_llm/` is the one source. A chapter shows its step's code minimal, and a later
+chapter that extends an earlier module shows the change as a diff block:
+
+    ```diff
+    # tiny_llm/embed.py
+    @@ Embed.forward: where the cache's positions start @@
+    -    def forward(self, idx):
+    +    def forward(self, idx, start=0):
+             T = idx.shape[1]
+    ```
+
+Lines starting with a space are context, `-` lines are what the step removes, `+` what it adds
+(an empty line is an empty context line). A hunk's old lines must occur exactly once in the file
+before the step, and its new lines exactly once after it. A file appears at the step that first
+needs it (`FIRST_STEP`). Going back from step 17, each chapter's diffs are undone and its new
+files removed: that gives the state at every step.
+"""
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tiny_llm"
+STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block", "gpt",
+         "generate", "train", "evaluate", "kvcache", "speed", "posenc_lab", "modern", "scale",
+         "export"]  # step 01 is device, step 17 export: the course table in README.md
+# The shared helpers, each at the first step whose module imports it.
+HELPERS = {"__init__": 1, "buildup": 1, "workalong": 1, "files": 1, "paths": 1, "diagrams": 1,
+           "bpe": 2, "sample_stories": 2, "loss": 10, "budget": 10, "checkpoint": 9,
+           "processes": 9, "muon": 10, "plots": 11, "posenc": 14}
+FIRST_STEP = {**{f"{name}.py": step for name, step in HELPERS.items()},
+              **{f"{name}.py": number for number, name in enumerate(STEPS, 1)}}
+
+FENCE = re.compile(r"^(`{3,})([^\n`]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
+FILE_HEADER = re.compile(r"^#\s*tiny_llm/([\w/.-]+\.py)\s*$")
+
+
+class ChangeError(ValueError):
+    """A chapter's diff that does not fit the code it changes."""
+
+
+@dataclass
+class Hunk:
+    """One change to one file: `old` lines become `new` lines (context in both)."""
+
+    chapter: str
+    line: int  # where the hunk starts in the chapter, for messages
+    file: str  # relative to tiny_llm/, e.g. "embed.py"
+    label: str
+    old: list
+    new: list
+
+    @property
+    def where(self):
+        return f"{self.chapter}:{self.line}"
+
+
+def chapter_path(step):
+    """3 -> Path('steps/03-data.md') (absolute)."""
+    found = sorted((ROOT / "steps").glob(f"{step:02d}-*.md"))
+    if not found:
+        raise FileNotFoundError(f"no chapter steps/{step:02d}-*.md")
+    return found[0]
+
+
+def fenced_blocks(text):
+    """[(line number, info string, body)] for every fenced block of a Markdown text."""
+    return [(text.count("\n", 0, m.start()) + 1, m.group(2).strip(), m.group(3))
+            for m in FENCE.finditer(text)]
+
+
+def hunks(step):
+    """Every hunk of the diff blocks in chapter `step`, in the order they appear."""
+    chapter = chapter_path(step)
+    found = []
+    for line, info, body in fenced_blocks(chapter.read_text()):
+        if info != "diff":
+            continue
+        lines = body.rstrip("\n").split("\n")
+        header = FILE_HEADER.match(lines[0])
+        if not header:
+            raise ChangeError(f"{chapter.name}:{line}: a diff block starts with the file it "
+                              f"changes, e.g. '# tiny_llm/embed.py'; got {lines[0]!r}")
+        current = None
+        for number, text in enumerate(lines[1:], line + 2):
+            if text.startswith("@@"):
+                current = Hunk(chapter.name, number, header.group(1), text.strip("@ "), [], [])
+                found.append(current)
+                continue
+            if current is None:  # no @@ line: the block is one hunk
+                current = Hunk(chapter.name, number, header.group(1), "", [], [])
+                found.append(current)
+            mark, code = (text[:1], text[1:]) if text else (" ", "")
+            if mark not in " -+":
+                raise ChangeError(f"{chapter.name}:{number}: a diff line starts with ' ', '-' "
+                                  f"or '+', got {text!r}")
+            if mark in " -":
+                current.old.append(code)
+            if mark in " +":
+                current.new.append(code)
+    return found
+
+
+def _replace_once(text, before, after, hunk, direction):
+    """Replace the one occurrence of the lines `before` in `text` by the lines `after`."""
+    lines = text.split("\n")
+    n = len(before)
+    at = [i for i in range(len(lines) - n + 1) if lines[i : i + n] == before]
+    if len(at) != 1:
+        seen = "not found" if not at else f"found {len(at)} times"
+        shown = "\n".join(before)
+        raise ChangeError(f"{hunk.where}: the hunk '{hunk.label}' does not {direction} "
+                          f"tiny_llm/{hunk.file}: these lines are {seen}:\n{shown}")
+    return "\n".join(lines[: at[0]] + after + lines[at[0] + n :])
+
+
+def apply(files, step, reverse=False):
+    """Chapter `step`'s hunks applied to `files` ({name: text}) in place: forward takes the state
+    before the step to the state after it; reverse undoes them."""
+    for hunk in (reversed(hunks(step)) if reverse else hunks(step)):
+        if hunk.file not in files:
+            raise ChangeError(f"{hunk.where}: tiny_llm/{hunk.file} does not exist at step "
+                              f"{step - 1 if not reverse else step:02d}")
+        before, after = (hunk.new, hunk.old) if reverse else (hunk.old, hunk.new)
+        direction = "undo on" if reverse else "apply to"
+        files[hunk.file] = _replace_once(files[hunk.file], before, after, hunk, direction)
+    return files
+
+
+def finished():
+    """{file name: text} of the finished package, tiny_llm/*.py."""
+    return {path.name: path.read_text() for path in sorted(PACKAGE.glob("*.py"))}
+
+
+_STATES = {}
+
+
+def state(step):
+    """{file name: text}: the package as it stands at the end of `step` (1..17)."""
+    if not 1 <= step <= len(STEPS):
+        raise ValueError(f"no step {step}: the course has steps 01-{len(STEPS)}")
+    if step not in _STATES:
+        if step == len(STEPS):
+            files = finished()
+            unknown = sorted(set(files) - set(FIRST_STEP))
+            if unknown:
+                raise ChangeError(f"tiny_llm/{unknown[0]} has no step: add it to "
+                                  "buildup.HELPERS with the first step that imports it")
+        else:
+            files = apply(dict(state(step + 1)), step + 1, reverse=True)
+            files = {name: text for name, text in files.items() if FIRST_STEP[name] <= step}
+        _STATES[step] = files
+    return dict(_STATES[step])
+
+
+def write_state(step, out):
+    """Write the package at the end of `step` to out/tiny_llm/; return that folder."""
+    folder = Path(out) / "tiny_llm"
+    if folder.exists() and any(folder.iterdir()):
+        stale = [p for p in folder.glob("*.py") if p.name not in state(step)]
+        for path in stale:
+            path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in state(step).items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def imports(files, module):
+    """The course modules that `module` imports, directly or through others, itself included."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or f"{name}.py" not in files:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse(files[f"{name}.py"])):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tiny_llm."):
+                todo.append(node.module.split(".")[1])
+            elif isinstance(node, ast.ImportFrom) and node.module == "tiny_llm":
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                todo += [a.name.split(".")[1] for a in node.names
+                         if a.name.startswith("tiny_llm.")]
+    return seen
+
+
+def signature(files, qualified):
+    """Parameter names of 'Class.method' or 'function' in `files`, e.g. ['self', 'idx']."""
+    owner, _, name = qualified.rpartition(".")
+    for text in files.values():
+        tree = ast.parse(text)
+        scopes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner]
+        for scope in scopes if owner else [tree]:
+            for node in scope.body:
+                if isinstance(node, ast.FunctionDef) and node.name == name:
+                    return [a.arg for a in node.args.args + node.args.kwonlyargs]
+    raise KeyError(f"no {qualified} in the package")
