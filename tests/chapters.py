@@ -26,13 +26,19 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tiny_llm.buildup import (  # noqa: F401 (re-exported for the tests)
+    console_commands,
+    line_matches,
+    output_matches,
+    squash,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "steps"
 
 FENCE = re.compile(r"^(`{3,})([^\n`]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
 SOURCE_HEADER = re.compile(r"^#\s*((?:tiny_llm|scripts|tests)/[\w/.-]+\.py)\s*$")
 CHECK_OPTIONS = re.compile(r"<!--\s*check:(.*?)-->\s*$")
-NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 ELISION = re.compile(r"^\s*#\s*\.\.\.\s*$")
 
 
@@ -70,16 +76,18 @@ def blocks(chapter):
 
 
 def source_blocks():
-    every = [b for c in chapters() for b in blocks(c)]
+    """Blocks that show code from a file (diff blocks, a step's changes, are checked apart)."""
+    every = [b for c in chapters() for b in blocks(c) if b.info != "diff"]
     return [b for b in every if SOURCE_HEADER.match(b.body.split("\n", 1)[0])]
+
+
+def chapter_step(chapter):
+    """steps/04-embed.md -> 4."""
+    return int(Path(chapter).name[:2])
 
 
 def console_blocks():
     return [b for c in chapters() for b in blocks(c) if b.info == "console"]
-
-
-def squash(text):
-    return " ".join(text.split())
 
 
 def source_pieces(block):
@@ -98,12 +106,22 @@ def source_pieces(block):
 
 
 def missing_piece(block):
-    """Return None when the block appears in its file, else a message saying what is missing."""
+    """Return None when the block appears in its file as the file stands at the chapter's step
+    (tiny_llm/ files: the build-up's state, tiny_llm.buildup), else say what is missing."""
+    from tiny_llm import buildup
+
     path, pieces = source_pieces(block)
-    target = ROOT / path
-    if not target.exists():
-        return f"{block.where} names {path}, which does not exist"
-    code = squash(target.read_text())
+    if path.startswith("tiny_llm/"):
+        files = buildup.state(chapter_step(block.chapter))
+        name = path.removeprefix("tiny_llm/")
+        if name not in files:
+            return f"{block.where} names {path}, which does not exist at that step"
+        code = squash(files[name])
+    else:
+        target = ROOT / path
+        if not target.exists():
+            return f"{block.where} names {path}, which does not exist"
+        code = squash(target.read_text())
     at = 0
     for piece in pieces:
         found = code.find(piece, at)
@@ -115,69 +133,7 @@ def missing_piece(block):
 
 def commands(block):
     """[(command, expected_lines)] from a console block."""
-    pairs = []
-    for line in block.body.rstrip("\n").split("\n"):
-        if line.startswith("$ "):
-            pairs.append((line[2:].strip(), []))
-        elif pairs:
-            pairs[-1][1].append(line)
-        else:
-            raise ValueError(f"{block.where}: a console block must start with a `$ ` command")
-    return pairs
-
-
-def _line_pattern(expected):
-    """A regex for one expected line: numbers become groups, `...` becomes a wildcard."""
-    parts = []
-    for i, chunk in enumerate(squash(expected).split("...")):
-        if i:
-            parts.append(".*?")
-        at = 0
-        for m in NUMBER.finditer(chunk):
-            parts.append(re.escape(chunk[at : m.start()]))
-            parts.append(f"({NUMBER.pattern})")
-            at = m.end()
-        parts.append(re.escape(chunk[at:]))
-    return re.compile("".join(parts))
-
-
-def _close(actual, expected, rtol):
-    a, e = float(actual.replace(",", "")), float(expected.replace(",", ""))
-    if rtol is not None:
-        return abs(a - e) <= rtol * abs(e) + 1e-12
-    mantissa, _, exponent = expected.lower().partition("e")
-    if "." not in mantissa and not exponent:
-        return a == e  # counts, shapes, sizes: exact
-    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
-    last_digit = 10.0 ** (int(exponent or 0) - decimals)
-    return abs(a - e) <= max(0.01 * abs(e), 2 * last_digit)
-
-
-def line_matches(actual, expected, rtol=None):
-    m = _line_pattern(expected).fullmatch(squash(actual))
-    if not m:
-        return False
-    wanted = NUMBER.findall(squash(expected).replace("...", " "))
-    got = list(m.groups())
-    if len(got) != len(wanted):
-        return False
-    return all(_close(a, e, rtol) for a, e in zip(got, wanted, strict=True))
-
-
-def output_matches(actual_lines, expected_lines, rtol=None):
-    """Match output lines against expected lines, where a lone `...` line matches any lines."""
-    actual = [line for line in actual_lines if line.strip()]
-    expected = [line for line in expected_lines if line.strip()]
-
-    def match(i, j):
-        if j == len(expected):
-            return i == len(actual)
-        if expected[j].strip() == "...":
-            return any(match(k, j + 1) for k in range(i, len(actual) + 1))
-        here = i < len(actual) and line_matches(actual[i], expected[j], rtol)
-        return here and match(i + 1, j + 1)
-
-    return match(0, 0)
+    return console_commands(block.body, block.where)
 
 
 # A warm interpreter for the console commands. Every command is a fresh Python process, as a
@@ -199,6 +155,8 @@ def _become(argv):
     import types
 
     sys.modules["__main__"] = types.ModuleType("__main__")  # not this file's: an empty one
+    for name in [n for n in sys.modules if n == "tiny_llm" or n.startswith("tiny_llm.")]:
+        del sys.modules[name]  # this file uses tiny_llm.buildup; a command imports its own
     if argv[0] == "-m":
         sys.argv = ["-m", *argv[2:]]  # runpy puts the module's file in argv[0], as `-m` does
         sys.path[0] = os.getcwd()

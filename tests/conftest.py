@@ -8,6 +8,7 @@ inherit OMP_NUM_THREADS=1.
 """
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -26,6 +27,10 @@ def sample_data_dir(tmp_path_factory):
     """
     from tiny_llm.data import prepare_data
 
+    if os.environ.get("TINY_LLM_TEST_DATA_DIR"):  # prepared by the suite that started this one
+        data_dir = Path(os.environ["TINY_LLM_TEST_DATA_DIR"])
+        os.environ["TINY_LLM_DATA_DIR"] = str(data_dir)
+        return data_dir
     data_dir = tmp_path_factory.mktemp("data")
     prepare_data("sample", data_dir=data_dir, progress=False)
     os.environ["TINY_LLM_DATA_DIR"] = str(data_dir)

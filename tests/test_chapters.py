@@ -4,11 +4,13 @@ See tests/chapters.py for the rules and steps/README.md for how to write a check
 """
 
 import os
+import re
 import shlex
 
 import pytest
 from chapters import (
     ROOT,
+    chapter_step,
     chapters,
     commands,
     console_blocks,
@@ -18,6 +20,8 @@ from chapters import (
     run_python,
     source_blocks,
 )
+
+from tiny_llm import buildup
 
 
 def test_every_chapter_has_run_command_output_and_exercises():
@@ -48,9 +52,12 @@ def run_command(command, work, data_dir, warm_python=None):
 
 @pytest.mark.parametrize("block", console_blocks(), ids=lambda b: b.where)
 def test_console_block_matches_a_real_run(block, sample_data_dir, tmp_path, warm_python):
-    """The commands of one block run in order in one scratch folder, as a learner types them."""
+    """The commands of one block run in order in one scratch folder, as a learner types them,
+    with the package as it stands at the chapter's step (`python -m` finds the folder's own
+    tiny_llm/ first): what chapter 04 shows is what step 04's code prints."""
     (tmp_path / "scripts").symlink_to(ROOT / "scripts")
     (tmp_path / "steps").symlink_to(ROOT / "steps")
+    buildup.write_state(chapter_step(block.chapter), tmp_path)
     rtol = float(block.options["rtol"]) if "rtol" in block.options else None
     for command, expected in commands(block):
         actual = run_command(command, tmp_path, sample_data_dir, warm_python).splitlines()
@@ -70,3 +77,75 @@ def test_output_matching_rules_can_fail():
     assert not line_matches("shape (2, 12, 64)", "shape (2, 12)")
     assert output_matches(["a 1", "x", "y", "b 2"], ["a 1", "...", "b 2"])
     assert not output_matches(["a 1", "b 3"], ["a 1", "...", "b 2"])
+
+
+def expected_messages(test_file):
+    """The message patterns a test file matches errors against: `pytest.raises(..., match=...)`
+    constants and the `match` column of `pytest.mark.parametrize` tables."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(test_file.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        name = ast.unparse(node.func)
+        if name.endswith("raises"):
+            found += [k.value.value for k in node.keywords if k.arg == "match"
+                      and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)]
+        if name.endswith("parametrize") and isinstance(node.args[0], ast.Constant):
+            columns = [c.strip() for c in str(node.args[0].value).split(",")]
+            if "match" in columns and isinstance(node.args[1], (ast.List, ast.Tuple)):
+                at = columns.index("match")
+                for row in node.args[1].elts:
+                    if isinstance(row, ast.Tuple) and isinstance(row.elts[at], ast.Constant):
+                        found.append(row.elts[at].value)
+    return found
+
+
+WORD = r"[A-Za-z_][A-Za-z_0-9]*"
+PLACEHOLDER = r"\{[^{}\s]*\}"
+
+
+def said_in(pattern, text):
+    """Whether each literal piece of a regex `pattern` is said in `text`, word for word, where
+    an f-string placeholder of the text ({value!r}) may stand for a word or for nothing."""
+    tokens = re.findall(f"{PLACEHOLDER}|{WORD}", text)
+    for piece in re.split(r"\.\*\??|\.\+|\|", pattern):
+        words = re.findall(WORD, re.sub(r"\\(.)", r"\1", piece))
+        if words and not any(_match_from(tokens, i, words) for i in range(len(tokens))):
+            return False
+    return True
+
+
+def _match_from(tokens, i, words):
+    j = 0
+    while j < len(words):
+        if i >= len(tokens):
+            return False
+        if tokens[i].startswith("{"):  # a placeholder: stands for this word, or is skipped
+            if _match_from(tokens, i + 1, words[j + 1 :]) or _match_from(tokens, i + 1, words[j:]):
+                return True
+            return False
+        if tokens[i] != words[j]:
+            return False
+        i, j = i + 1, j + 1
+    return True
+
+
+@pytest.mark.parametrize("chapter", chapters(), ids=lambda c: c.name[:2])
+def test_every_message_the_steps_tests_expect_is_said_in_its_chapter(chapter):
+    module = buildup.STEPS[chapter_step(chapter) - 1]
+    text = chapter.read_text()
+    unsaid = [m for m in expected_messages(ROOT / "tests" / f"test_{module}.py")
+              if not said_in(m, text)]
+    assert not unsaid, (f"tests/test_{module}.py expects these messages, but {chapter.name} "
+                        f"never says them (show the code that raises them, or quote them): "
+                        f"{unsaid}")
+
+
+def test_a_message_is_said_when_its_words_are_there_in_order():
+    assert said_in("max_seq_len must be a positive int, got 0",
+                   'raise ValueError(f"{name} must be a positive int, got {value!r}")')
+    assert said_in(r"T=65 exceeds max_seq_len=64", "sequence length T={T} exceeds max_seq_len={m}")
+    assert not said_in("n_layers must be a positive int", "n_layers must be positive")
+    assert said_in(r"got shape \(3,\).*unsqueeze", "got shape {s}: use idx.unsqueeze(0)")

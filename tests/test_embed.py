@@ -73,12 +73,20 @@ def test_bad_ids_are_refused_with_the_fix(idx, error, match):
         check_ids(idx, 4096, 64)  # where ids enter: get_batch's data, a prompt
 
 
-def test_forward_checks_only_the_length():
-    emb = Embed(4096, 128, 64)
-    with pytest.raises(ValueError, match="T=65 exceeds max_seq_len=64"):
-        emb(torch.zeros(1, 65, dtype=torch.long))
-    with pytest.raises(ValueError, match="T=65 exceeds max_seq_len=64"):
-        emb(torch.zeros(1, 1, dtype=torch.long), start=64)  # after a cache of 64
+@pytest.mark.parametrize(
+    "idx, error, match",
+    [
+        (torch.zeros(1, 65, dtype=torch.long), ValueError, "T=65 exceeds max_seq_len=64"),
+        (torch.tensor([[1, 4096]]), ValueError, "token id 4096 is outside the vocabulary"),
+        (torch.tensor([[-1, 2]]), ValueError, "token id -1 is outside the vocabulary"),
+        (torch.tensor([[1.0, 2.0]]), TypeError, "must be integers, got dtype torch.float32"),
+        (torch.tensor([1, 2, 3]), ValueError, r"got shape \(3,\).*unsqueeze"),
+        (torch.zeros(2, 4, 4, dtype=torch.long), ValueError, r"got shape \(2, 4, 4\)"),
+    ],
+)
+def test_the_forward_refuses_bad_ids_and_names_them(idx, error, match):
+    with pytest.raises(error, match=match):
+        Embed(4096, 128, 64)(idx)
 
 
 def test_bad_sizes_are_refused():

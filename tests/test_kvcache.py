@@ -160,3 +160,10 @@ def test_solutions():
     assert ex12_kvcache.exercise_1_cache_bytes(12, 1024, 768, 2) == 37_748_736  # GPT-2 small
     assert ex12_kvcache.exercise_2_positions(4, 200, 256) == (sum(range(4, 204)), 203)
     assert ex12_kvcache.exercise_3_keys_move_with_the_window() > 1e-3
+
+
+def test_the_embedding_refuses_positions_past_its_table_after_a_cache():
+    from tiny_llm.embed import Embed
+
+    with pytest.raises(ValueError, match="T=65 exceeds max_seq_len=64"):
+        Embed(4096, 128, 64)(torch.zeros(1, 1, dtype=torch.long), start=64)  # after 64 cached

@@ -1,25 +1,19 @@
-"""The type-along path: every step's skeleton can be made, imports, and fails its step's tests.
+"""The type-along path: every step's skeleton can be made, imports, and fails its step's tests;
+a finished step passes its tests and its chapter's checks through the same path.
 
-The step's tests on the finished module are the rest of the suite; here they also pass when the
-finished module is handed in as the learner's file (for two steps: that proves the import hook).
-The heavy part runs in one child process, so the swapped modules never touch this one.
+The learner's files are linked into a build of the package at the step (mine/.build/); the
+tests run there in forks of the warm interpreter (tests/chapters.py), as `workalong` runs them.
 """
 
 import ast
-import importlib
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from chapters import run_python
 
-from tiny_llm import workalong
+from tiny_llm import buildup, workalong
 from tiny_llm.workalong import ROOT, STEPS, learner_file, skeleton, step_module
 
-ANSWER_SAMPLE = ["device", "attention"]  # steps whose finished module is also run as "mine"
 # Step 16's stubs run only inside the ranks it starts (torchrun, mp.spawn): its skeleton fails
 # only in tests that start processes, too slow for this suite, so here it is made and imported.
 ONLY_IMPORTED = {"scale"}
@@ -43,7 +37,7 @@ def test_step_names_and_numbers_resolve_and_a_wrong_one_says_what_to_give():
 @pytest.mark.parametrize("module", STEPS)
 def test_skeleton_keeps_the_module_and_stubs_what_the_chapter_shows(module):
     text, todo = skeleton(module)
-    answer = ast.parse((ROOT / "tiny_llm" / f"{module}.py").read_text())
+    answer = ast.parse(buildup.state(STEPS.index(module) + 1)[f"{module}.py"])
     mine = ast.parse(text)
     assert todo, f"step {module}: the chapter shows no function to write"
     # The same names at the top level (imports, constants, classes, functions, the check).
@@ -52,7 +46,7 @@ def test_skeleton_keeps_the_module_and_stubs_what_the_chapter_shows(module):
                 for n in tree.body]
     assert names(mine) == names(answer)
     stubs = [ast.unparse(n) for n in ast.walk(mine) if isinstance(n, ast.Raise)]
-    stubs = [s for s in stubs if "NotImplementedError" in s and "type it in from steps/" in s]
+    stubs = [s for s in stubs if "NotImplementedError" in s and "write it from steps/" in s]
     assert len(stubs) == len(todo)
     chapter = workalong.chapter_of(module).name
     assert any(chapter in s for s in stubs), "no stub points at the step's chapter"
@@ -76,43 +70,64 @@ def test_the_learners_file_is_never_overwritten_without_fresh(tmp_path, capsys):
     assert "NotImplementedError" in path.read_text()
 
 
-def run_every_step(folder):
-    """In a child process: {step: [import ok, tests' exit code on the skeleton]} and the answers."""
-    report = {}
-    for module in STEPS:
-        path = Path(folder) / "skeleton" / f"{module}.py"
-        path.parent.mkdir(exist_ok=True)
-        text, todo = skeleton(module)
-        path.write_text(text)
-        with workalong.learner_module(path) as name:
-            imported = importlib.import_module(name).__file__ == str(path.resolve())
-        report[module] = {"imports": imported}
-        if module not in ONLY_IMPORTED:
-            code, outcomes = workalong.run_tests(path, first_failure=todo)
-            failed = [t for t, (ok, _) in outcomes.results.items() if not ok]
-            report[module].update(code=code, failed=failed)
-    for module in ANSWER_SAMPLE:
-        path = Path(folder) / "answer" / f"{module}.py"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text((ROOT / "tiny_llm" / f"{module}.py").read_text())
-        code, outcomes = workalong.run_tests(path)
-        report[f"answer:{module}"] = {"code": code, "n": len(outcomes.results)}
-    return report
+def test_the_plan_names_the_diffs_to_apply_to_your_earlier_files(tmp_path, capsys):
+    (tmp_path / "embed.py").write_text("# my step 04\n")
+    assert workalong.main(["12", "--plan", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "write        KVCache.append" in out
+    assert re.search(r"change +tiny_llm/embed.py +the diffs in steps/12-kvcache.md, to your", out)
+    assert re.search(r"change +tiny_llm/gpt.py .*you have no .*gpt.py: the course's is used", out)
+    assert "check        uv run python -m tiny_llm.kvcache" in out
 
 
-def test_every_skeleton_imports_and_fails_its_tests_and_the_answer_passes(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    script = ("import json, sys, test_workalong as t; "
-              "print('REPORT', json.dumps(t.run_every_step(sys.argv[1])))")
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.rsplit("REPORT ", 1)[1])
-    for module in STEPS:
-        got = report[module]
-        assert got["imports"], f"step {module}: the skeleton did not import as tiny_llm.{module}"
-        if module not in ONLY_IMPORTED:
-            assert got["code"] == 1 and got["failed"], f"step {module}: no test fails on it"
-    for module in ANSWER_SAMPLE:
-        got = report[f"answer:{module}"]
-        assert got["code"] == 0 and got["n"] > 3, f"step {module}: the answer as mine fails"
+def test_the_build_links_your_files_into_the_package_at_the_step(tmp_path):
+    (tmp_path / "embed.py").write_text("# my step 04\n")
+    (tmp_path / "kvcache.py").write_text("# a later step: not part of step 05\n")
+    where = workalong.build(5, tmp_path)
+    package = where / "tiny_llm"
+    assert (package / "embed.py").resolve() == (tmp_path / "embed.py").resolve()
+    assert not (package / "kvcache.py").exists() and not (package / "multihead.py").exists()
+    assert (package / "attention.py").read_text() == buildup.state(5)["attention.py"]
+
+
+@pytest.mark.parametrize("module", [m for m in STEPS if m not in ONLY_IMPORTED])
+def test_every_skeleton_fails_its_steps_tests_with_the_chapters_words(module, tmp_path,
+                                                                      warm_python):
+    learner_file(module, tmp_path)
+    where = workalong.build(STEPS.index(module) + 1, tmp_path)
+    argv = ["-m", "pytest", f"tests/test_{module}.py", "-n", "0", "-q", "-x", "--tb=line",
+            "-p", "no:cacheprovider"]
+    proc = run_python(argv, where, workalong.environment(), 300, warm_python)
+    assert proc.returncode == 1, f"step {module}: no test fails on the skeleton"
+    assert "NotImplementedError" in proc.stdout and "write it from steps/" in proc.stdout
+
+
+def test_skeletons_of_steps_that_start_processes_import(tmp_path, warm_python):
+    for module in ONLY_IMPORTED:
+        learner_file(module, tmp_path)
+        where = workalong.build(STEPS.index(module) + 1, tmp_path)
+        proc = run_python(["-c", f"import tiny_llm.{module} as m; print(m.__file__)"], where,
+                          workalong.environment(), 120, warm_python)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip().endswith(f".build/tiny_llm/{module}.py")
+
+
+def test_a_finished_step_passes_its_tests_and_prints_its_chapters_check(tmp_path, capsys,
+                                                                       monkeypatch):
+    (tmp_path / "device.py").write_text(buildup.state(1)["device.py"])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert workalong.main(["01", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and "check        as the chapter shows" in out
+    assert re.search(r"summary +(\d+) of \1 tests pass .*the checks: as the chapter shows", out)
+
+
+def test_a_failing_raises_test_shows_the_message_it_expected(tmp_path, capsys):
+    mine = buildup.state(4)["embed.py"].replace(
+        'raise ValueError(f"{name} must be a positive int, got {value!r}")', "pass")
+    (tmp_path / "embed.py").write_text(mine)
+    assert workalong.main(["04", "--dir", str(tmp_path), "--no-check", "--", "-k",
+                           "bad_sizes"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  test_bad_sizes_are_refused" in out
+    assert "the test expects an error matching \"max_seq_len must be a positive int" in out

@@ -89,16 +89,16 @@ class Block(nn.Module):
 def init_weights(module, n_layers):
     """GPT-2's initialisation of every weight in `module`, in place; returns `module`.
 
-        part                                        weight                    bias
-        nn.Embedding (tok_emb, pos_emb)             N(0, 0.02²)               -
-        nn.Linear                                   N(0, 0.02²)               0
-        nn.Linear with residual_output = True       N(0, (0.02/√(2·n_layers))²)   0
-        LayerNorm, RMSNorm                          gain 1, as built          0
+        part                                   weight                         bias
+        nn.Embedding (tok_emb, pos_emb)        N(0, 0.02²)                    -
+        nn.Linear                              N(0, 0.02²)                    0
+        nn.Linear with residual_output = True  N(0, (0.02 / √(2·n_layers))²)  0
+        LayerNorm (RMSNorm, step 15)           gain 1, as built               0
 
     The residual outputs (attention's and the MLP's last projection, marked where they are
     built) are added onto the stream 2·n_layers times; the smaller std keeps the summed variance
-    the same whatever the depth. They are drawn twice (the plain std first) so that a seed gives
-    the weights it always gave.
+    the same whatever the depth. The first loop gives every Linear the plain std; the second
+    redraws the marked ones with the smaller std.
     """
     if not isinstance(n_layers, int) or n_layers < 1:
         raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")

@@ -39,6 +39,7 @@ FIRST_STEP = {**{f"{name}.py": step for name, step in HELPERS.items()},
 
 FENCE = re.compile(r"^(`{3,})([^\n`]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
 FILE_HEADER = re.compile(r"^#\s*tiny_llm/([\w/.-]+\.py)\s*$")
+NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
 class ChangeError(ValueError):
@@ -173,13 +174,16 @@ def write_state(step, out):
 
 
 def imports(files, module):
-    """The course modules that `module` imports, directly or through others, itself included."""
+    """The course modules that `module` imports, directly or through others, itself included
+    (with any that `files` lacks, so that a caller can say what is missing)."""
     seen, todo = set(), [module]
     while todo:
         name = todo.pop()
-        if name in seen or f"{name}.py" not in files:
+        if name in seen:
             continue
         seen.add(name)
+        if f"{name}.py" not in files:
+            continue  # a module missing at this step: the caller decides
         for node in ast.walk(ast.parse(files[f"{name}.py"])):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tiny_llm."):
                 todo.append(node.module.split(".")[1])
@@ -202,3 +206,79 @@ def signature(files, qualified):
                 if isinstance(node, ast.FunctionDef) and node.name == name:
                     return [a.arg for a in node.args.args + node.args.kwonlyargs]
     raise KeyError(f"no {qualified} in the package")
+
+
+# What a command printed against what a chapter shows (tests/chapters.py has the rules): text
+# exactly, runs of spaces as one; `...` any text; integers exactly; decimals within 1% or two
+# units of the last printed digit, or a relative tolerance the chapter states.
+
+
+def squash(text):
+    return " ".join(text.split())
+
+
+def console_commands(body, where="a console block"):
+    """[(command, expected_lines)] from the body of a ```console block."""
+    pairs = []
+    for line in body.rstrip("\n").split("\n"):
+        if line.startswith("$ "):
+            pairs.append((line[2:].strip(), []))
+        elif pairs:
+            pairs[-1][1].append(line)
+        else:
+            raise ValueError(f"{where}: a console block must start with a `$ ` command")
+    return pairs
+
+
+def _line_pattern(expected):
+    """A regex for one expected line: numbers become groups, `...` becomes a wildcard."""
+    parts = []
+    for i, chunk in enumerate(squash(expected).split("...")):
+        if i:
+            parts.append(".*?")
+        at = 0
+        for m in NUMBER.finditer(chunk):
+            parts.append(re.escape(chunk[at : m.start()]))
+            parts.append(f"({NUMBER.pattern})")
+            at = m.end()
+        parts.append(re.escape(chunk[at:]))
+    return re.compile("".join(parts))
+
+
+def _close(actual, expected, rtol):
+    a, e = float(actual.replace(",", "")), float(expected.replace(",", ""))
+    if rtol is not None:
+        return abs(a - e) <= rtol * abs(e) + 1e-12
+    mantissa, _, exponent = expected.lower().partition("e")
+    if "." not in mantissa and not exponent:
+        return a == e  # counts, shapes, sizes: exact
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    last_digit = 10.0 ** (int(exponent or 0) - decimals)
+    return abs(a - e) <= max(0.01 * abs(e), 2 * last_digit)
+
+
+def line_matches(actual, expected, rtol=None):
+    m = _line_pattern(expected).fullmatch(squash(actual))
+    if not m:
+        return False
+    wanted = NUMBER.findall(squash(expected).replace("...", " "))
+    got = list(m.groups())
+    if len(got) != len(wanted):
+        return False
+    return all(_close(a, e, rtol) for a, e in zip(got, wanted, strict=True))
+
+
+def output_matches(actual_lines, expected_lines, rtol=None):
+    """Match output lines against expected lines, where a lone `...` line matches any lines."""
+    actual = [line for line in actual_lines if line.strip()]
+    expected = [line for line in expected_lines if line.strip()]
+
+    def match(i, j):
+        if j == len(expected):
+            return i == len(actual)
+        if expected[j].strip() == "...":
+            return any(match(k, j + 1) for k in range(i, len(actual) + 1))
+        here = i < len(actual) and line_matches(actual[i], expected[j], rtol)
+        return here and match(i + 1, j + 1)
+
+    return match(0, 0)

@@ -1,58 +1,58 @@
-"""Shared helper: write each step yourself, with the finished course as the answer key.
+"""Shared helper: write each step yourself, on top of the steps you wrote before.
 
-    uv run python -m tiny_llm.workalong 05 --plan   # what you would write, and where it is shown
-    uv run python -m tiny_llm.workalong 05          # make mine/attention.py, test it, check it
+    uv run python -m tiny_llm.workalong 05 --plan    # what step 05 asks of you, and where
+    uv run python -m tiny_llm.workalong 05           # make mine/attention.py, test it, check it
+    uv run python -m tiny_llm.workalong --state 05 --out DIR   # the package after step 05
 
-The second makes `mine/attention.py`, a copy of step 05's module in which every function and
-method that the step's chapter shows has its body replaced by a `NotImplementedError` saying
-what to write and which section shows it. Everything else (imports, constants, classes,
-signatures, docstrings, the helpers the chapter does not show, code that runs while the module
-loads, the `__main__` check) is kept. `--all` leaves you every body but `main`. Your file is
-never overwritten: run the command again to test it, `--fresh` to start over (the old file is
-kept as a `.bak`).
+A step asks for two kinds of work. Its new module, `mine/attention.py`, starts as the module
+as it stands at step 05 (tiny_llm/buildup.py) with every body the chapter shows replaced by a
+`NotImplementedError` that carries the chapter's explanation, not its code. And where a later
+chapter changes a module you wrote earlier (step 12 gives attention a cache), you apply the
+chapter's diff to your own file.
 
-Each run tests your file with the step's own tests, `tests/test_attention.py`, then runs the
-chapter's check (its first console block) on it. How: an import hook makes
-`import tiny_llm.attention` load `mine/attention.py`, and only that module, in this process and
-(through $TINY_LLM_WORKALONG, which tiny_llm/__init__.py reads) in the processes it starts.
-Earlier steps stay the answer key, so your step 08 builds on the course's attention, not yours;
-later modules that a step's tests use import your file, as they would the finished one.
+Each run builds the package as it stands at the step in `mine/.build/`: the course's state at
+that step, with every module you have written (`mine/<module>.py` of this step or an earlier
+one) linked in its place. Then it runs the step's tests there, and the chapter's checks, and
+compares what they print with the chapter. Your files are never overwritten (`--fresh` starts
+the step's module over and keeps the old one as a `.bak`).
 """
 
 import argparse
 import ast
-import contextlib
-import importlib.abc
-import importlib.util
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block", "gpt",
-         "generate", "train", "evaluate", "kvcache", "speed", "posenc_lab", "modern", "scale",
-         "export"]  # step 01 is device, step 17 export: the course table in README.md
-HOOK = "TINY_LLM_WORKALONG"  # the learner's file; tiny_llm/__init__.py installs the hook
+from tiny_llm import buildup
+from tiny_llm.buildup import ROOT, STEPS
+
 SOURCE_HEADER = re.compile(r"^```[^\n]*\n#\s*tiny_llm/(\w+)\.py[ \t]*\n(.*?)^```", re.S | re.M)
-CONSOLE = re.compile(r"^```console[ \t]*\n(.*?)^```", re.S | re.M)
+LINKED = ("tests", "solutions", "scripts", "steps")  # what the tests read from the repository
 
 
-def step_module(step):
-    """'05', '5' or 'attention' -> 'attention'."""
+def step_number(step):
+    """'05', '5' or 'attention' -> 5."""
     if step in STEPS:
-        return step
+        return STEPS.index(step) + 1
     if step.isdigit() and 1 <= int(step) <= len(STEPS):
-        return STEPS[int(step) - 1]
+        return int(step)
     raise SystemExit(f"no step {step!r}: give a number 01-{len(STEPS)} "
                      f"or a module name ({', '.join(STEPS)})")
 
 
+def step_module(step):
+    """'05', '5' or 'attention' -> 'attention'."""
+    return STEPS[step_number(step) - 1]
+
+
 def chapter_of(module):
     """'attention' -> Path('steps/05-attention.md') (absolute)."""
-    return next((ROOT / "steps").glob(f"{STEPS.index(module) + 1:02d}-*.md"))
+    return buildup.chapter_path(STEPS.index(module) + 1)
 
 
 def bodies(tree):
@@ -66,35 +66,45 @@ def bodies(tree):
                     yield f"{node.name}.{sub.name}", sub
 
 
-def shown_in_chapter(module, source):
-    """{qualified name: where} for each function or method whose code the step's chapter shows.
+def explanation(text, start, end):
+    """The chapter's words about the code block text[start:end]: the last paragraph of prose
+    before it in its section, else the first one after it; on one line."""
+    def prose(part):
+        part = re.sub(r"```.*?```", "\n\n", part, flags=re.S)
+        return [" ".join(p.split()) for p in re.split(r"\n\s*\n", part)
+                if p.strip() and not p.lstrip().startswith(("#", "!", "|", "<!--"))]
 
-    A chapter's source block names its file (`# tiny_llm/attention.py`); we find each of its
-    pieces in the file, whitespace aside, the way tests/chapters.py checks them. (Code of this
-    module that a later chapter shows, such as device.kept_memory in 13, stays written.)
-    """
+    section = text[:start].rsplit("\n## ", 1)[-1].split("\n", 1)[-1]
+    after = text[end:].split("\n## ", 1)[0]
+    found = (prose(section)[-1:] or prose(after)[:1] or [""])[0]
+    return found if len(found) <= 400 else found[:397].rsplit(" ", 1)[0] + " ..."
+
+
+def shown_in_chapter(module, source):
+    """{qualified name: (where, explanation)} for each function or method of `source` whose code
+    the step's chapter shows: its section, and the prose that introduces the block."""
     words, lines = [], []
     for number, line in enumerate(source.splitlines(), 1):
         words += line.split()
         lines += [number] * len(line.split())
     code, defs, shown = " ".join(words), list(bodies(ast.parse(source))), {}
-    for chapter in [chapter_of(module)]:
-        text = chapter.read_text()
-        for match in SOURCE_HEADER.finditer(text):
-            if match.group(1) != module:
+    chapter = chapter_of(module)
+    text = chapter.read_text()
+    for match in SOURCE_HEADER.finditer(text):
+        if match.group(1) != module:
+            continue
+        headings = re.findall(r"^## (.+)$", text[: match.start()], re.M)
+        where = f"steps/{chapter.name}" + (f", section '{headings[-1]}'" if headings else "")
+        for piece in re.split(r"^\s*#\s*\.\.\.\s*$", match.group(2), flags=re.M):
+            piece = " ".join(piece.split())
+            at = code.find(piece) if piece else -1
+            if at < 0:
                 continue
-            headings = re.findall(r"^## (.+)$", text[: match.start()], re.M)
-            where = f"steps/{chapter.name}" + (f", section '{headings[-1]}'" if headings else "")
-            for piece in re.split(r"^\s*#\s*\.\.\.\s*$", match.group(2), flags=re.M):
-                piece = " ".join(piece.split())
-                at = code.find(piece) if piece else -1
-                if at < 0:
-                    continue
-                first = lines[code.count(" ", 0, at)]
-                last = lines[code.count(" ", 0, at) + piece.count(" ")]
-                for name, node in defs:
-                    if node.lineno <= last and node.end_lineno >= first:
-                        shown.setdefault(name, where)
+            first = lines[code.count(" ", 0, at)]
+            last = lines[code.count(" ", 0, at) + piece.count(" ")]
+            for name, node in defs:
+                if node.lineno <= last and node.end_lineno >= first:
+                    shown.setdefault(name, (where, explanation(text, match.start(), match.end())))
     return shown
 
 
@@ -125,14 +135,18 @@ def called_at_import(tree):
 
 
 def skeleton(module, everything=False):
-    """Return (text of the learner's file, {body to write: where the chapter shows it})."""
-    source = (ROOT / "tiny_llm" / f"{module}.py").read_text()
+    """Return (text of the learner's file, {body to write: where the chapter shows it}).
+
+    The text is the module as it stands at its own step, each body the chapter shows replaced by
+    a NotImplementedError that says what the chapter says about it and where."""
+    number = STEPS.index(module) + 1
+    source = buildup.state(number)[f"{module}.py"]
     lines = source.splitlines()
-    where = shown_in_chapter(module, source)
+    shown = shown_in_chapter(module, source)
     chapter = f"steps/{chapter_of(module).name}"
     todo, tree = [], ast.parse(source)
     for name, node in bodies(tree):
-        if not (name in where or (everything and name != "main")) or name in called_at_import(tree):
+        if not (name in shown or (everything and name != "main")) or name in called_at_import(tree):
             continue
         body = node.body[1:] if ast.get_docstring(node) is not None else node.body
         if not body or body[0].lineno == node.lineno:
@@ -142,14 +156,28 @@ def skeleton(module, everything=False):
         while lines[start - 2].strip().startswith("#") or not lines[start - 2].strip():
             start -= 1  # the comments above the first statement go too: they explain it
         pad = " " * (node.col_offset + 4)
-        said = f"{name}: type it in from {where.get(name, chapter)}"
-        lines[start - 1 : node.end_lineno] = [f"{pad}raise NotImplementedError(", f"{pad}    "
-                                              f"{said!r}", f"{pad})"]
-    number = STEPS.index(module) + 1
+        where, said = shown.get(name, (chapter, ""))
+        message = [f"{name}: write it from {where}."] + ([f"The chapter: {said}"] if said else [])
+        lines[start - 1 : node.end_lineno] = (
+            [f"{pad}raise NotImplementedError("]
+            + [f"{pad}    {part!r}" for part in wrap(" ".join(message), 88 - len(pad))]
+            + [f"{pad})"])
     header = [f"# Your tiny_llm/{module}.py, step {number:02d}: replace each NotImplementedError.",
               f"# Test it: uv run python -m tiny_llm.workalong {number:02d}   "
               f"(the answer: tiny_llm/{module}.py)"]
-    return "\n".join(header + lines) + "\n", {name: where.get(name, chapter) for name, _, _ in todo}
+    return "\n".join(header + lines) + "\n", {n: shown.get(n, (chapter, ""))[0] for n, *_ in todo}
+
+
+def wrap(text, width):
+    """Cut `text` into pieces of at most `width` characters at spaces (they join back exactly)."""
+    pieces, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + len(word) + 1 > width:
+            pieces.append(line + " ")
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return pieces + [line]
 
 
 def learner_file(module, folder, fresh=False, everything=False):
@@ -174,175 +202,176 @@ def learner_file(module, folder, fresh=False, everything=False):
     return path
 
 
-class LearnerFinder(importlib.abc.MetaPathFinder):
-    """An import hook: `tiny_llm.<module>` loads the learner's file; other names are untouched."""
-
-    def __init__(self, path):
-        self.path, self.name = Path(path).resolve(), f"tiny_llm.{Path(path).stem}"
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        return importlib.util.spec_from_file_location(fullname, self.path)
-
-    @classmethod
-    def install(cls, path):
-        finder = cls(path)
-        sys.meta_path.insert(0, finder)
-        return finder
+def yours(step, folder):
+    """{module: path} of the learner's own files for the steps up to `step`."""
+    paths = {m: Path(folder) / f"{m}.py" for m in STEPS[:step]}
+    return {m: path for m, path in paths.items() if path.exists()}
 
 
-@contextlib.contextmanager
-def learner_module(path):
-    """Inside the block, `import tiny_llm.<module>` gives the learner's file; after it, as before.
-
-    The course's modules, tests and solutions are imported afresh inside (so they bind to the
-    learner's file), and the modules of before are put back afterwards.
-    """
-    before, environ = dict(sys.modules), os.environ.get(HOOK)
-    forget_course_modules()
-    finder = LearnerFinder.install(path)
-    os.environ[HOOK] = str(finder.path)  # for the processes the tests start: tiny_llm/__init__.py
-    try:
-        yield finder.name
-    finally:
-        sys.meta_path.remove(finder)
-        forget_course_modules()  # libraries imported meanwhile stay: torch loads once a process
-        sys.modules.update(before)
-        if environ is None:
-            os.environ.pop(HOOK, None)
-        else:
-            os.environ[HOOK] = environ
+def build(step, folder):
+    """mine/.build/: the package at the end of `step`, the learner's modules linked in; a folder
+    to run the step's tests and checks in (`python -m` and pytest find its tiny_llm/ first)."""
+    where = Path(folder) / ".build"
+    buildup.write_state(step, where)
+    for module, path in yours(step, folder).items():
+        target = where / "tiny_llm" / f"{module}.py"
+        target.unlink()
+        target.symlink_to(path.resolve())  # a traceback names the learner's own file
+    for name in LINKED:
+        link = where / name
+        if not link.is_symlink():
+            link.symlink_to(ROOT / name)
+    shutil.copy(ROOT / "pyproject.toml", where / "pyproject.toml")
+    return where
 
 
-def forget_course_modules():
-    """Drop the course's own modules (tiny_llm.*, tests, solutions) from sys.modules."""
-    ours = tuple(str(ROOT / folder) + os.sep for folder in ("tiny_llm", "tests", "solutions"))
-    for name, mod in list(sys.modules.items()):
-        file = getattr(mod, "__file__", None) or ""
-        if name not in ("tiny_llm", __name__) and (file.startswith(ours)
-                                                   or name.startswith("tiny_llm.")):
-            del sys.modules[name]
+def environment():
+    """The commands' environment: the learner's data folder, wherever the package is built."""
+    from tiny_llm.paths import DATA_DIR
+
+    return {**os.environ, "TINY_LLM_DATA_DIR": str(DATA_DIR.resolve())}
 
 
-class Outcomes:
-    """A pytest plugin that keeps each test's outcome and prints them as a list at the end.
-
-    Given `first`, names of functions the learner writes, it runs the tests that call one of
-    them first (where the first failure is likely) and the rest after, in their order.
-    """
-
-    def __init__(self, first=()):
-        self.results = {}  # test name -> (passed, first line of the failure)
-        self.first = {part for name in first for part in name.split(".")}
-
-    def pytest_collection_modifyitems(self, items):
-        def calls_a_stub(item):
-            code = getattr(getattr(item, "function", None), "__code__", None)
-            return bool(code and self.first & set(code.co_names))
-
-        items.sort(key=lambda item: not calls_a_stub(item))
-
-    def pytest_runtest_logreport(self, report):
-        name = report.nodeid.split("::", 1)[-1]
-        if report.failed:
-            crash = getattr(report.longrepr, "reprcrash", None)
-            message = crash.message if crash else str(report.longrepr)
-            self.results[name] = (False, message.strip().splitlines()[0] if message else "")
-        elif report.when == "call" and name not in self.results:
-            self.results[name] = (True, "")
-
-    def pytest_terminal_summary(self, terminalreporter):
-        said = set()  # each failure message once: they are often all the same first stub
-        for name, (passed, message) in self.results.items():
-            terminalreporter.write_line(f"  {'pass' if passed else 'FAIL'}  {name}")
-            if message and message not in said:
-                terminalreporter.write_line(f"          {message[:200]}")
-                said.add(message)
+def run_tests(where, module, extra=()):
+    """Run tests/test_<module>.py in the build folder: (exit code, [(test, passed, note)])."""
+    report = where / "report.xml"
+    argv = [sys.executable, "-m", "pytest", f"tests/test_{module}.py", "-n", "0", "-q",
+            "--tb=short", "-p", "no:cacheprovider", f"--junitxml={report}", "-o",
+            "junit_family=xunit1", *extra]
+    proc = subprocess.run(argv, cwd=where, env=environment(), capture_output=True, text=True,
+                          check=False)
+    if not report.exists():
+        return proc.returncode, [("collecting the tests", False, proc.stdout[-1500:].strip())]
+    results = []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        problem = case.find("failure")
+        problem = case.find("error") if problem is None else problem
+        results.append((case.get("name"), problem is None, note(problem)))
+    return proc.returncode, results
 
 
-def run_tests(path, first_failure=(), extra=()):
-    """Run the step's tests in this process against the learner's file: (exit code, Outcomes).
-
-    `first_failure`: names of the functions to write; stop at the first failure, trying the
-    tests that call them first (a quick "does anything fail?").
-    """
-    import pytest
-
-    module = Path(path).stem
-    args = [str(ROOT / "tests" / f"test_{module}.py"), f"--rootdir={ROOT}",
-            "-c", str(ROOT / "pyproject.toml"), "-n", "0", "-q", "-rN", "--tb=no",
-            "-p", "no:cacheprovider", *(["-x"] if first_failure else []), *extra]
-    outcomes = Outcomes(first=first_failure)
-    with learner_module(path):
-        code = pytest.main(args, plugins=[outcomes])
-    return int(code), outcomes
+def note(problem):
+    """What a learner needs from a failure: its message, and the message a test expected."""
+    if problem is None:
+        return ""
+    message = (problem.get("message") or "").strip().splitlines()
+    text = problem.text or ""
+    lines = message[:1]
+    lines += [m.strip() for m in message[1:] if m.strip().startswith(("Regex", "Input",
+                                                                       "Expected", "Actual"))]
+    expected = re.findall(r"match=(r?['\"].*?['\"])\)?:?$", text, re.M)
+    if "DID NOT RAISE" in " ".join(message) and expected:
+        lines.append(f"the test expects an error matching {expected[-1]}")
+    return "\n".join(line[:300] for line in lines)
 
 
-def check_commands(module):
-    """The commands of the chapter's first console block that runs `-m tiny_llm.<module>`."""
-    text = chapter_of(module).read_text()
-    for block in CONSOLE.findall(text):
-        commands = [line[2:] for line in block.splitlines() if line.startswith("$ ")]
-        if any(f"-m tiny_llm.{module}" in c for c in commands):
-            return commands
-    return []
+def check_blocks(step):
+    """[(commands and their expected lines)] of chapter `step`'s console blocks that run the
+    course's own modules: the chapter's checks."""
+    found = []
+    text = buildup.chapter_path(step).read_text()
+    for _, info, body in buildup.fenced_blocks(text):
+        if info != "console":
+            continue
+        pairs = buildup.console_commands(body)
+        if all(c.startswith("uv run python -m tiny_llm.") for c, _ in pairs):
+            found.append(pairs)
+    return found
 
 
-def run_check(path, module, work):
-    """Run the chapter's check in the folder `work` with the learner's file: its exit code."""
-    work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, HOOK: str(Path(path).resolve())}
-    for command in check_commands(module):
-        print(f"$ {command}", flush=True)
-        argv = shlex.split(command)[3:]  # after `uv run python`
-        proc = subprocess.run([sys.executable, *argv], cwd=work, env=env, check=False)
-        if proc.returncode:
-            return proc.returncode
-    return 0
+def run_checks(where, step):
+    """Run the chapter's checks in the build folder; print each output and whether it matches.
+    Returns the number of commands that failed or printed something else."""
+    wrong = 0
+    for pairs in check_blocks(step):
+        for command, expected in pairs:
+            print(f"$ {command}", flush=True)
+            argv = [sys.executable, *shlex.split(command)[3:]]  # after `uv run python`
+            proc = subprocess.run(argv, cwd=where, env=environment(), capture_output=True,
+                                  text=True, check=False)
+            print(proc.stdout, end="")
+            if proc.returncode:
+                print(proc.stderr[-2000:], end="")
+                print(f"check        exit {proc.returncode}")
+                wrong += 1
+            elif not buildup.output_matches(proc.stdout.splitlines(), expected):
+                print("check        printed something other than the chapter shows")
+                wrong += 1
+            else:
+                print("check        as the chapter shows")
+    return wrong
 
 
-def print_plan(module, folder, everything=False):
+def print_plan(step, folder, everything=False):
     """Say what the learner writes for a step, where each piece is explained, and what runs."""
-    number = STEPS.index(module) + 1
-    print(f"step {number:02d}      tiny_llm/{module}.py is the answer; yours is "
+    module = STEPS[step - 1]
+    print(f"step {step:02d}      tiny_llm/{module}.py is the answer; yours is "
           f"{Path(folder) / f'{module}.py'}")
     for name, where in skeleton(module, everything=everything)[1].items():
         print(f"write        {name:<30} {where}")
+    chapter = f"steps/{buildup.chapter_path(step).name}"
+    for file in dict.fromkeys(h.file for h in buildup.hunks(step)):
+        mine = Path(folder) / file
+        whose = (f"to your {mine}" if mine.exists()
+                 else f"(you have no {mine}: the course's is used)")
+        print(f"change       tiny_llm/{file:<21} the diffs in {chapter}, {whose}")
     print(f"tests        tests/test_{module}.py")
-    for command in check_commands(module):
-        print(f"check        {command}")
+    for pairs in check_blocks(step):
+        for command, _ in pairs:
+            print(f"check        {command}")
     return 0
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
-        description="Write a step yourself: make your file, test it, run the chapter's check.",
-        epilog="Arguments after `--` go to pytest, e.g. -- -k causal --tb=short")
-    parser.add_argument("step", help="step number or module name: 05 or attention")
+        description="Write a step yourself: make your file, test it, run the chapter's checks.",
+        epilog="Arguments after `--` go to pytest, e.g. -- -k causal --tb=long")
+    parser.add_argument("step", nargs="?", help="step number or module name: 05 or attention")
     parser.add_argument("--dir", type=Path, default=Path("mine"), help="your files (default mine/)")
     parser.add_argument("--fresh", action="store_true", help="start over (keeps the old as .bak)")
     parser.add_argument("--all", action="store_true", help="write every body but main, not just "
                         "what the chapter shows")
     parser.add_argument("--no-check", action="store_true", help="run the tests only")
     parser.add_argument("--plan", action="store_true", help="only say what you would write")
+    parser.add_argument("--state", metavar="NN", help="write the package as it stands at the end "
+                        "of step NN to --out DIR (DIR/tiny_llm/...) and stop")
+    parser.add_argument("--out", type=Path, help="where --state writes")
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1 :]
-    module = step_module(args.step)
+    if args.state is not None:
+        if args.out is None:
+            parser.error("--state needs --out DIR")
+        try:
+            step = step_number(args.state)
+        except SystemExit as err:
+            parser.error(str(err))
+        print(f"step {step:02d}      {buildup.write_state(step, args.out)}")
+        return 0
+    if args.step is None:
+        parser.error("give a step (e.g. 05), or --state NN --out DIR")
+    step = step_number(args.step)
+    module = STEPS[step - 1]
     if args.plan:
-        return print_plan(module, args.dir, everything=args.all)
+        return print_plan(step, args.dir, everything=args.all)
     path = learner_file(module, args.dir, fresh=args.fresh, everything=args.all)
-    print(f"tests        tests/test_{module}.py against {path}", flush=True)
-    code, outcomes = run_tests(path, extra=extra)
-    passed = sum(ok for ok, _ in outcomes.results.values())
-    check = "not run" if args.no_check else None
-    if check is None:
-        print(f"check        the chapter's check, run in {args.dir / 'check'}", flush=True)
-        status = run_check(path, module, args.dir / "check")
-        check = "runs" if status == 0 else f"fails (exit {status})"
-    print(f"summary      {passed} of {len(outcomes.results)} tests pass; the check {check}")
-    return 0 if code == 0 and check in ("runs", "not run") else 1
+    where = build(step, args.dir)
+    print(f"tests        tests/test_{module}.py on {where} (your "
+          f"{', '.join(p.name for p in yours(step, args.dir).values())})", flush=True)
+    code, results = run_tests(where, module, extra)
+    said = set()
+    for name, passed, why in results:
+        print(f"  {'pass' if passed else 'FAIL'}  {name}")
+        if why and why not in said:  # each failure message once: often all the same stub
+            print("\n".join(f"          {line}" for line in why.splitlines()))
+            said.add(why)
+    wrong = 0 if args.no_check else run_checks(where, step)
+    passed = sum(ok for _, ok, _ in results)
+    check = ("not run" if args.no_check else "as the chapter shows" if not wrong
+             else f"{wrong} command(s) differ")
+    print(f"summary      {passed} of {len(results)} tests pass in {path.parent}; the checks: "
+          f"{check}")
+    return 0 if code == 0 and not wrong else 1
 
 
 if __name__ == "__main__":

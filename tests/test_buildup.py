@@ -1,0 +1,140 @@
+"""The build-up: the package as it stands at every step, proven to apply, import and pass.
+
+tiny_llm/buildup.py derives the state at each step from the finished package and the chapters'
+diff blocks. Here: each chapter's diffs take the state before it to the state after it; each
+state imports; the step's own tests pass on the state at that step (run on the state only where
+it differs from the finished package: otherwise the rest of the suite already ran them). Each
+chapter's console blocks run on its state in tests/test_chapters.py.
+"""
+
+import os
+import shutil
+import sys
+
+import pytest
+from chapters import run_python
+
+from tiny_llm import buildup
+from tiny_llm.buildup import ROOT, STEPS, ChangeError, apply, signature, state
+
+LAST = len(STEPS)
+
+
+@pytest.mark.parametrize("step", range(2, LAST + 1))
+def test_each_chapters_diffs_take_the_state_before_it_to_the_state_after_it(step):
+    before, after = state(step - 1), state(step)
+    forward = apply(dict(before), step)
+    new_files = {name for name in after if buildup.FIRST_STEP[name] == step}
+    assert {**forward, **{n: after[n] for n in new_files}} == after
+    assert set(before) | new_files == set(after)
+
+
+def test_the_state_at_the_last_step_is_the_finished_package(tmp_path):
+    from tiny_llm import workalong
+
+    assert workalong.main(["--state", str(LAST), "--out", str(tmp_path)]) == 0
+    written = {p.name: p.read_text() for p in (tmp_path / "tiny_llm").glob("*.py")}
+    assert written == {p.name: p.read_text() for p in (ROOT / "tiny_llm").glob("*.py")}
+
+
+def test_each_step_shows_its_own_code_and_no_later_hook():
+    assert signature(state(4), "Embed.forward") == ["self", "idx"]
+    assert signature(state(4), "Embed.__init__") == ["self", "vocab_size", "d_model",
+                                                     "max_seq_len"]
+    assert signature(state(6), "MultiHeadAttention.forward") == ["self", "x"]
+    assert signature(state(6), "attend") == ["q", "k", "v", "dropout_p"]
+    assert signature(state(7), "Block.forward") == ["self", "x"]
+    assert signature(state(8), "GPT.forward") == ["self", "idx", "targets"]
+    assert "cache" not in signature(state(9), "generate")
+    assert "cache" in signature(state(12), "generate")
+    assert signature(state(12), "Embed.forward") == ["self", "idx", "start"]
+    assert "learned_positions" in signature(state(14), "Embed.__init__")
+    assert "kvcache.py" not in state(11) and "kvcache.py" in state(12)
+    for name, text in state(10).items():
+        assert "parallel" not in text.replace("parallel.py", ""), f"{name} at step 10"
+
+
+def test_a_diff_that_does_not_fit_names_the_chapter_and_the_lines(tmp_path, monkeypatch):
+    chapter = tmp_path / "steps" / "05-attention.md"
+    chapter.parent.mkdir()
+    chapter.write_text("```diff\n# tiny_llm/embed.py\n@@ a change @@\n-    no such line\n"
+                       "+    a new line\n```\n")
+    monkeypatch.setattr(buildup, "ROOT", tmp_path)
+    with pytest.raises(ChangeError, match=r"05-attention.md:3: the hunk 'a change' does not "
+                                          r"apply to tiny_llm/embed.py: these lines are not found"):
+        apply({"embed.py": "x = 1\n"}, 5)
+
+
+def test_workalong_state_refuses_a_step_that_does_not_exist(capsys):
+    from tiny_llm import workalong
+
+    with pytest.raises(SystemExit):
+        workalong.main(["--state", "18", "--out", "unused"])
+    assert "no step '18'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def states(tmp_path_factory):
+    """Every state written once, each as a folder a learner could run and test in."""
+    root = tmp_path_factory.mktemp("states")
+    for step in range(1, LAST + 1):
+        folder = root / f"{step:02d}"
+        buildup.write_state(step, folder)
+        for name in ("tests", "solutions", "scripts", "steps"):
+            (folder / name).symlink_to(ROOT / name)
+        shutil.copy(ROOT / "pyproject.toml", folder / "pyproject.toml")
+    return root
+
+
+def test_every_state_imports_every_module_it_has(states, warm_python):
+    for step in range(1, LAST + 1):
+        folder = states / f"{step:02d}"
+        names = sorted(p.stem for p in (folder / "tiny_llm").glob("*.py") if p.stem != "__init__")
+        code = (f"import importlib; [importlib.import_module('tiny_llm.' + n) for n in {names}]; "
+                "import tiny_llm, sys; print(tiny_llm.__file__)")
+        proc = run_python(["-c", code], folder, dict(os.environ), 120, warm_python)
+        assert proc.returncode == 0, f"step {step:02d}: {proc.stderr[-2000:]}"
+        assert proc.stdout.strip() == str(folder / "tiny_llm" / "__init__.py")
+
+
+def step_test_modules(step):
+    """The course modules that step `step`'s tests (and its solutions) use, directly or not."""
+    import ast
+
+    used = set()
+    module = STEPS[step - 1]
+    for path in [ROOT / "tests" / f"test_{module}.py",
+                 *sorted((ROOT / "solutions").glob(f"ex{step:02d}_*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tiny_llm"):
+                names = [node.module.split(".")[1]] if "." in node.module else [
+                    a.name for a in node.names]
+                used |= set(names)
+    files = state(step)
+    return set().union(*(buildup.imports(files, name) for name in used if f"{name}.py" in files))
+
+
+@pytest.mark.parametrize("step", range(1, LAST + 1))
+def test_each_steps_tests_pass_on_the_state_at_that_step(step, states, warm_python,
+                                                         sample_data_dir):
+    files, final = state(step), state(LAST)
+    differ = sorted(m for m in step_test_modules(step) if files[f"{m}.py"] != final[f"{m}.py"])
+    if not differ:  # the same code as the finished package, whose run is the rest of the suite
+        assert all(files[f"{m}.py"] == final[f"{m}.py"] for m in step_test_modules(step))
+        return
+    folder = states / f"{step:02d}"
+    env = {**os.environ, "TINY_LLM_TEST_DATA_DIR": str(sample_data_dir)}
+    argv = ["-m", "pytest", f"tests/test_{STEPS[step - 1]}.py", "-n", "0", "-q", "-x",
+            "-p", "no:cacheprovider", "--no-header"]
+    proc = run_python(argv, folder, env, 300, warm_python)
+    assert proc.returncode == 0, (f"step {step:02d} (its state differs from the finished "
+                                  f"package in {differ}):\n{proc.stdout[-3000:]}")
+
+
+def test_the_course_modules_import_only_earlier_steps():
+    for step in range(1, LAST + 1):
+        files = state(step)
+        for name in files:
+            for used in buildup.imports(files, name[:-3]):
+                assert f"{used}.py" in files, f"step {step:02d}: {name} imports {used}"
+    assert sys.modules.get("tiny_llm.buildup") is buildup
