@@ -280,6 +280,15 @@ def test_check_output_pre_tokenization_and_comparison(capsys):
     assert GPT2_SPLIT_PATTERN.startswith("'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+")
 
 
+def test_the_comparison_is_its_own_command_not_part_of_the_check(monkeypatch, capsys):
+    monkeypatch.setattr(tokenize, "COMPARE_STORIES", 40)  # a few stories: the output's shape
+    monkeypatch.setattr("sys.argv", ["tokenize", "--compare"])
+    tokenize.main()
+    out = capsys.readouterr().out
+    assert "trained on         40 sample stories" in out and "with HF tie rule" in out
+    assert "BPE from scratch" not in out and "Production tokenizer" not in out
+
+
 @pytest.mark.parametrize("text", TRICKY)
 def test_production_tokenizer_round_trips_any_utf8(tokenizer, text):
     assert tokenizer.decode(tokenizer.encode(text).ids) == text

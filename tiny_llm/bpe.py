@@ -4,7 +4,8 @@ Step 02 builds it up: pair counts and merges on "aaabdaaabac", then what every p
 byte-level BPE adds to that textbook loop: a pre-tokenizer whose pieces merges never cross,
 special tokens that are never split, and a trainer that recounts only the pairs a merge changed.
 
-Speed record and comparison with Hugging Face `tokenizers`: steps/02-tokenize.md.
+Comparison with Hugging Face `tokenizers`: the optional section of steps/02-tokenize.md; its
+speed record: docs/records/02-bpe-vs-hugging-face.md.
 """
 
 import collections
@@ -176,12 +177,8 @@ class BytePairEncoder:
         return ids
 
     def encode_word(self, word):
-        """One pre-token -> ids, applying the merges by rank: the earliest learned goes first.
-
-        Merge 258 was learned on text where 256 and 257 had been applied, so only makes sense
-        after them. Cached: a corpus repeats its common words over and over.
-        """
-        if word not in self.cache:
+        """One pre-token -> ids, applying the merges by rank: the earliest learned goes first."""
+        if word not in self.cache:  # a corpus repeats its common words over and over
             ids = list(word.encode("utf-8"))
             while len(ids) >= 2:
                 stats = get_stats(ids)

@@ -3,9 +3,11 @@
 A GPT reads and writes integers, not characters. A tokenizer turns text into a list of ids from
 a fixed vocabulary and back. We build one from scratch first (byte-level byte pair encoding with
 GPT-2's pre-tokenizer and special tokens, in plain Python: tiny_llm/bpe.py), then the production
-one with Hugging Face `tokenizers`, which runs the same algorithm in Rust, and compare the two.
+one with Hugging Face `tokenizers`, which runs the same algorithm in Rust.
 
 Run the check:  uv run python -m tiny_llm.tokenize
+Compare our merges with Hugging Face's on sample stories (the chapter's optional section):
+    uv run python -m tiny_llm.tokenize --compare
 Time ours against Hugging Face's on a corpus:
     uv run python -m tiny_llm.tokenize --corpus TinyStories-train.txt --stories 364
 """
@@ -109,7 +111,8 @@ def tokenizer_sha256(path=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# One algorithm, two implementations: our BPE against the Hugging Face trainer
+# One algorithm, two implementations: our BPE against the Hugging Face trainer (--compare,
+# --corpus; the chapter's optional section)
 
 
 def hf_merges(tokenizer):
@@ -251,6 +254,8 @@ def compare_on_file(path, n_stories, vocab_size):
 def main():
     parser = argparse.ArgumentParser(description="Step 02: BPE from scratch, then the real one.")
     parser.add_argument("--text", default=SENTENCE, help="a sentence to show as tokens")
+    parser.add_argument("--compare", action="store_true", help="instead: our merges against "
+                        f"Hugging Face's on {COMPARE_STORIES:,} sample stories")
     parser.add_argument("--corpus", help="instead: time our BPE against HF's on this text file "
                         f"(stories separated by {EOT})")
     parser.add_argument("--stories", type=int, default=364, help="with --corpus: stories to use")
@@ -262,11 +267,11 @@ def main():
             return compare_on_file(args.corpus, args.stories, args.vocab_size)
         except (OSError, ValueError) as err:
             parser.error(str(err))
+    if args.compare:
+        print("One algorithm, two implementations (ours and Hugging Face's)")
+        return show_comparison(list(generate_stories(COMPARE_STORIES, seed=0)), args.text)
     print("BPE from scratch")
     show_scratch_bpe()
-    print()
-    print("One algorithm, two implementations (ours and Hugging Face's)")
-    show_comparison(list(generate_stories(COMPARE_STORIES, seed=0)), args.text)
     print()
     print("Production tokenizer (Hugging Face tokenizers)")
     show_production_tokenizer(args.text)
