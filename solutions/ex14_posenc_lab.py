@@ -1,17 +1,32 @@
 """Solutions to the exercises of step 14 (steps/14-positional-encoding-lab.md).
 
-Run them:  uv run python -m solutions.ex14_posenc_lab
+Run them:  uv run python -m solutions.ex14_posenc_lab [--plot PATH]
+(exercise 6 trains two small lab models on the prepared data, the sample corpus if none: seconds)
 """
 
+import argparse
 import math
+from dataclasses import replace
+from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+import matplotlib
 
-from tiny_llm.embed import sinusoidal_table
-from tiny_llm.posenc import LearnedPositionalEncoding, RotaryEmbedding, alibi_slopes
-from tiny_llm.posenc_lab import LabConfig, LabGPT
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from tiny_llm.data import DATA_DIR, ensure_data, load_token_array  # noqa: E402
+from tiny_llm.embed import sinusoidal_table  # noqa: E402
+from tiny_llm.posenc import LearnedPositionalEncoding, RotaryEmbedding, alibi_slopes  # noqa: E402
+from tiny_llm.posenc_lab import (  # noqa: E402
+    QUICK,
+    LabConfig,
+    LabGPT,
+    rebuilt_longer,
+    train_scheme,
+)
 
 
 def exercise_1_slowest_wavelength(d_model=64):
@@ -66,6 +81,26 @@ def exercise_4_untrained_rows(max_len=16, trained_len=8, steps=20, seed=0):
     return int(moved.sum()), int((~moved).sum())
 
 
+def exercise_4_adamw_rows(max_len=16, trained_len=8, steps=20, seed=0):
+    """The same with step 10's AdamW (lr 0.1, weight decay 0.1): weight decay shrinks every row,
+    gradient or not, by (1 - lr · wd) a step, so all rows change, but the untrained ones only
+    shrink: 0.99^20 = 0.818 of their start. Returns (rows that changed, the untrained rows'
+    size relative to their start)."""
+    torch.manual_seed(seed)
+    pos = LearnedPositionalEncoding(max_len, 4)
+    before = pos.pos_emb.weight.detach().clone()
+    optimizer = torch.optim.AdamW(pos.parameters(), lr=0.1, weight_decay=0.1)
+    for _ in range(steps):
+        loss = pos(torch.randn(2, trained_len, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = pos.pos_emb.weight.detach()
+    moved = (after != before).any(dim=1)
+    shrink = (after[trained_len:] / before[trained_len:]).mean().item()  # the same for every entry
+    return int(moved.sum()), shrink
+
+
 def exercise_5_position_from_the_causal_mask(T=6):
     """With no positions at all, a causal model can still count. If every score is equal,
     position t averages its t + 1 visible values; a marker value 1 at position 0 (the others 0)
@@ -95,6 +130,46 @@ def exercise_6_loss_by_position(model, data, T, n_tokens):
     return losses.mean(dim=0)
 
 
+# the lab's --quick model trained 4 times longer, and scored on more tokens so that each
+# position's mean settles: about 20 s on two CPU cores
+EXERCISE_6 = replace(QUICK, steps=400, eval_tokens=65_536)
+
+
+def exercise_6_curves(data_dir, schemes=("sinusoidal", "alibi"), exp=EXERCISE_6):
+    """Train each scheme as the lab does (train_scheme), then score it at 4x its trained length,
+    position by position: {scheme: (4·seq_len,) loss at t = 0..4·seq_len-1}.
+
+    Both models see the same batches from the same seed, and both are scored on the same
+    `exp.eval_tokens` validation tokens, so the curves differ only by the position scheme."""
+    meta = ensure_data(data_dir)
+    train = load_token_array(Path(data_dir) / "train.bin")
+    valid = load_token_array(Path(data_dir) / "valid.bin")
+    T = 4 * exp.seq_len
+    n_tokens = min(exp.eval_tokens, len(valid) - 1) // T * T  # whole windows that valid.bin holds
+    curves = {}
+    for pos in schemes:
+        model, _ = train_scheme(pos, exp, train, meta["vocab_size"], torch.device("cpu"))
+        curves[pos] = exercise_6_loss_by_position(rebuilt_longer(model, T), valid, T, n_tokens)
+    return curves
+
+
+def plot_curves(curves, trained_len, path):
+    """Loss against position in the window, one line per scheme, the trained length marked."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    smooth = torch.ones(1, 1, 5) / 5  # a mean over 5 neighbouring positions: less noise to read
+    for pos, losses in curves.items():
+        smoothed = F.conv1d(losses.view(1, 1, -1), smooth)[0, 0]  # positions 2 .. T-3
+        ax.plot(range(2, len(losses) - 2), smoothed, label=pos)
+    ax.axvline(trained_len - 0.5, color="gray", linestyle="--", label="trained length")
+    ax.set(xlabel="position in the window", ylabel="validation loss (nats)",
+           title=f"Loss by position at 4x the trained length ({4 * trained_len} tokens)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def demo_model(pos="alibi", T=32, seed=0):
     """An untrained LabGPT small enough for the exercises' demonstrations."""
     torch.manual_seed(seed)
@@ -103,15 +178,27 @@ def demo_model(pos="alibi", T=32, seed=0):
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Step 14 exercises.")
+    parser.add_argument("--plot", help="draw exercise 6's curves to this PNG file")
+    parser.add_argument("--data-dir", default=str(DATA_DIR), help="prepared data (default data/)")
+    args = parser.parse_args()
     formula, measured = exercise_1_slowest_wavelength()
     print("exercise 1:", f"slowest wavelength {formula:,.0f} positions, "
           f"{measured:,.0f} read from the table")
     print("exercise 2:", "scores at offset 5:", " ".join(f"{s:.4f}" for s in
                                                        exercise_2_rope_depends_on_offset()))
     print("exercise 3:", "slopes for 6 heads:", exercise_3_alibi_slopes_for_6_heads())
-    print("exercise 4:", "rows moved, rows untouched =", exercise_4_untrained_rows())
+    print("exercise 4:", "SGD: rows moved, rows untouched =", exercise_4_untrained_rows())
+    moved, shrink = exercise_4_adamw_rows()
+    print("exercise 4:", f"AdamW: {moved} rows moved; the untrained ones are {shrink:.3f} x "
+          "their start")
     print("exercise 5:", " ".join(f"{v:.3f}" for v in exercise_5_position_from_the_causal_mask()))
-    data = np.random.default_rng(0).integers(0, 100, 4097).astype(np.uint16)  # random "text"
-    by_t = exercise_6_loss_by_position(demo_model(), data, T=32, n_tokens=4096)
-    print("exercise 6:", f"untrained model, loss at t = 0, 15, 31: {by_t[0]:.3f} "
-          f"{by_t[15]:.3f} {by_t[31]:.3f} (ln 100 = {math.log(100):.3f})")
+    curves = exercise_6_curves(Path(args.data_dir))
+    T = EXERCISE_6.seq_len
+    spans = "".join(f"{f'{k * T}-{(k + 1) * T - 1}':>8}" for k in range(4))
+    print("exercise 6:", f"{'mean loss at positions':<24}{spans}")
+    for pos, losses in curves.items():
+        means = "".join(f"{m:>8.3f}" for m in losses.view(4, T).mean(dim=1).tolist())
+        print("exercise 6:", f"{pos:<24}{means}")
+    if args.plot:
+        print("exercise 6:", "saved", plot_curves(curves, T, args.plot))

@@ -1,4 +1,7 @@
+import io
 import math
+import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,12 +23,14 @@ from tiny_llm.posenc_lab import (
     QUICK,
     SCHEMES,
     SINUSOIDAL_SCALE,
+    Experiment,
     LabConfig,
     LabGPT,
     main,
     print_report,
     rebuilt_longer,
     run_lab,
+    train_scheme,
 )
 
 TINY = dict(vocab_size=50, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
@@ -201,6 +206,8 @@ def test_solutions():
     assert ex14_posenc_lab.exercise_3_alibi_slopes_for_6_heads() == [
         1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8]
     assert ex14_posenc_lab.exercise_4_untrained_rows(max_len=16, trained_len=8) == (8, 8)
+    moved, shrink = ex14_posenc_lab.exercise_4_adamw_rows(max_len=16, trained_len=8, steps=20)
+    assert moved == 16 and shrink == pytest.approx(0.99**20, rel=1e-4)  # 0.818: decay alone
     assert ex14_posenc_lab.exercise_5_position_from_the_causal_mask(4) == pytest.approx(
         [1, 1 / 2, 1 / 3, 1 / 4])
 
@@ -217,3 +224,34 @@ def test_solution_loss_by_position_averages_to_the_lab_loss():
 def test_quick_budget_is_small():
     assert QUICK.steps * QUICK.batch_size * QUICK.seq_len <= 30_000
     assert QUICK.schemes == SCHEMES == ("none", "learned", "sinusoidal", "rope", "alibi")
+
+
+# a lab small enough to train twice in well under a second
+NANO = Experiment(d_model=16, n_layers=1, n_heads=2, seq_len=8, steps=30, batch_size=4,
+                  eval_tokens=2048)
+
+
+def test_solution_6_trains_two_schemes_and_plots_their_curves(sample_data_dir, tmp_path):
+    curves = ex14_posenc_lab.exercise_6_curves(sample_data_dir, ("sinusoidal", "alibi"), NANO)
+    assert list(curves) == ["sinusoidal", "alibi"]
+    for losses in curves.values():
+        assert losses.shape == (32,) and torch.isfinite(losses).all()  # 4x the trained length
+    assert not torch.equal(curves["sinusoidal"], curves["alibi"])
+    path = ex14_posenc_lab.plot_curves(curves, NANO.seq_len, tmp_path / "curves.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_progress_bar_shows_on_a_terminal_only(monkeypatch, capsys):
+    data = np.arange(1000, dtype=np.uint16) % 50
+    nano = replace(NANO, steps=2)
+    train_scheme("none", nano, data, 50, torch.device("cpu"))
+    assert capsys.readouterr().err == ""  # stderr is a pipe here: no bar to flood it
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    train_scheme("none", nano, data, 50, torch.device("cpu"))
+    assert "none:   0%" in terminal.getvalue()  # the bar, drawn (and cleared: leave=False)

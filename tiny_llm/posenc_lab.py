@@ -166,7 +166,8 @@ def train_scheme(pos, exp, data, vocab_size, device):
                                   betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(exp.seed)  # the same batches for every scheme
     losses = []
-    for step in tqdm(range(cfg.max_steps), desc=pos, leave=False):  # step 10's loop, in short
+    # step 10's loop, in short; disable=None draws the bar on a terminal only, not into a pipe
+    for step in tqdm(range(cfg.max_steps), desc=pos, leave=False, disable=None):
         lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
         losses.append(update_weights(model, optimizer, data, cfg, device, generator, lr, step))
     return model.eval(), losses
