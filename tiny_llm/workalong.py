@@ -89,7 +89,7 @@ def shown_in_chapter(module, source):
         lines += [number] * len(line.split())
     code, defs, shown = " ".join(words), list(bodies(ast.parse(source))), {}
     chapter = chapter_of(module)
-    text = chapter.read_text()
+    text = chapter.read_text().split("\n## Exercises", 1)[0]  # what follows is reference
     for match in SOURCE_HEADER.finditer(text):
         if match.group(1) != module:
             continue
