@@ -25,7 +25,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+# The repository: where steps/ really is. A state written by write_state (a test's scratch
+# folder, workalong's mine/.build/) links steps/ there, so it still finds the finished package.
+ROOT = (Path(__file__).resolve().parents[1] / "steps").resolve().parent
 PACKAGE = ROOT / "tiny_llm"
 STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block", "gpt",
          "generate", "train", "evaluate", "kvcache", "speed", "posenc_lab", "modern", "scale",

@@ -274,7 +274,8 @@ def check_blocks(step):
         if info != "console":
             continue
         pairs = buildup.console_commands(body)
-        if all(c.startswith("uv run python -m tiny_llm.") for c, _ in pairs):
+        ours = all(c.startswith("uv run python -m tiny_llm.") for c, _ in pairs)
+        if ours and not any("tiny_llm.workalong" in c for c, _ in pairs):
             found.append(pairs)
     return found
 
