@@ -205,6 +205,7 @@ def save_tokenizer(tokenizer_file, folder, max_len):
 
 def export(checkpoint, out, data_dir=DATA_DIR):
     """Write the checkpoint's model to the folder `out`; return (our model, the checkpoint)."""
+    check_replaceable(out)  # before any work: a folder export did not write is refused
     ckpt = load_checkpoint(checkpoint, data_dir=data_dir)  # also: the same tokenizer as data_dir
     kind = ckpt.get("model_class", MODELS["gpt"])  # older checkpoints all hold a GPT
     if kind not in EXPORTS:

@@ -14,8 +14,8 @@ RUNS_DIR = Path("runs")  # training output, relative to where the command runs
 
 
 def check_data_dir(data_dir):
-    """Raise NotADirectoryError if `data_dir` exists as something other than a folder, naming
-    where the path came from (TINY_LLM_DATA_DIR or --data-dir) and what to do."""
+    """Raise ValueError if `data_dir` exists as something other than a folder, naming where the
+    path came from (TINY_LLM_DATA_DIR or --data-dir) and what to do."""
     data_dir = Path(data_dir)
     if not data_dir.exists() or data_dir.is_dir():
         return data_dir
@@ -25,4 +25,4 @@ def check_data_dir(data_dir):
                f"missing), or unset it to use {REPO_ROOT / 'data'}")
     else:
         fix = "pass a folder as --data-dir (it is made if missing)"
-    raise NotADirectoryError(f"the data folder {data_dir} is a file, not a folder: {fix}")
+    raise ValueError(f"the data folder {data_dir} is a file, not a folder. {fix}")
