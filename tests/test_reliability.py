@@ -18,6 +18,7 @@ import torch
 from tiny_llm import data, files
 from tiny_llm.checkpoint import (
     MODEL_CLASSES,
+    MODELS,
     class_path,
     load_checkpoint,
     model_class,
@@ -181,6 +182,12 @@ def test_meta_json_is_the_last_file_to_arrive(folder, monkeypatch):
     assert order[-1] == "meta.json" and sorted(order) == sorted(FILES)
 
 
+def test_a_token_file_that_disagrees_with_meta_json_is_refused(folder):
+    (folder / "valid.bin").write_bytes((folder / "valid.bin").read_bytes()[:-2])
+    with pytest.raises(ValueError, match=r"valid.bin holds [\d,]+ tokens, meta.json says"):
+        ensure_data(folder)
+
+
 def test_temporary_files_of_killed_runs_are_removed_and_live_ones_kept(folder):
     stale = folder / f".train.bin.tmp-{dead_pid()}"
     live = folder / ".train.bin.tmp-1"  # process 1 lives as long as the machine
@@ -275,6 +282,7 @@ def test_a_checkpoint_naming_another_module_imports_nothing(folder, tmp_path, mo
 
 
 def test_every_model_the_course_builds_is_in_the_registry():
+    assert set(MODELS.values()) <= set(MODEL_CLASSES)  # what --model names can be loaded back
     for name in MODEL_CLASSES:
         assert f"{model_class(name).__module__}.{model_class(name).__qualname__}" == name
 

@@ -180,7 +180,7 @@ def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SI
         print(f"training a {vocab_size:,}-token BPE on the train stories", file=sys.stderr)
     with ExitStack() as stack:  # on leaving, files are renamed in reverse order: meta.json last
         tmp = {name: stack.enter_context(atomic_path(Path(data_dir, name))) for name in FILES[::-1]}
-        stack.enter_context(explain_full_disk(data_dir, needed_bytes(source, valid)))
+        stack.enter_context(explain_full_disk(data_dir, needed_bytes(source, valid, first)))
         seen = {"stories": 0, "bytes": 0}
         stories = train_prefix(pairs(), TOKENIZER_MAX_BYTES, seen, first.get("train"))
         tokenizer = train_tokenizer(stories, vocab_size)
@@ -209,11 +209,13 @@ def check_first(first):
                              f"at least 1, got {n!r}: leave the flag out to keep them all")
 
 
-def needed_bytes(source, valid=None):
+def needed_bytes(source, valid=None, first=None):
     """About what preparing `source` writes: 2-byte tokens of about 4 bytes of text each, so
     token files half the size of the text (tokenizer and meta.json are small beside them)."""
     text = TEXT_BYTES.get(str(source)) or sum(Path(p).stat().st_size
                                               for p in filter(None, (source, valid)))
+    if first and len(first) == 2:  # both splits cut: TinyStories' stories average under 1 KB
+        text = min(text, 1000 * sum(first.values()))
     return text // 2 + 1_000_000
 
 
@@ -248,13 +250,20 @@ def load_meta(data_dir=DATA_DIR):
             "was interrupted, or a file was moved or deleted. Nothing was changed there (the "
             f"files may come from your own corpus); prepare it again with "
             f"{rebuild_command(data_dir, meta)}")
-    check_tokenizer_matches(data_dir, meta)
+    check_files(data_dir, meta)
     return meta
 
 
-def check_tokenizer_matches(data_dir, meta):
-    """Raise unless tokenizer.json is the file whose sha256 meta.json recorded: ids in the
-    token files mean something only under the tokenizer that wrote them."""
+def check_files(data_dir, meta):
+    """Raise unless the files are the ones meta.json describes: the token files of the sizes it
+    records, and the tokenizer of the sha256 it records (ids mean something only under the
+    tokenizer that wrote them)."""
+    for split in ("train", "valid"):
+        tokens, expected = Path(data_dir, f"{split}.bin").stat().st_size // 2, meta[split]["tokens"]
+        if tokens != expected:
+            raise ValueError(f"{data_dir}/{split}.bin holds {tokens:,} tokens, meta.json says "
+                             f"{expected:,}: the file is truncated or stale; prepare the folder "
+                             f"again with {rebuild_command(data_dir, meta)}")
     path = Path(data_dir) / "tokenizer.json"
     found = tokenizer_sha256(path)
     if found == meta["tokenizer_sha256"]:

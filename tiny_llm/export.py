@@ -169,7 +169,7 @@ def check_replaceable(out):
     if not (out.is_dir() and (out / MARKER).is_file()):
         raise FileExistsError(f"{out} exists and is not a model folder: pick a new --out. Only "
                               f"a folder that export wrote (it holds {MARKER}) is replaced")
-    ours = set((out / MARKER).read_text().split()) | {MARKER}
+    ours = set((out / MARKER).read_text().splitlines()) | {MARKER}
     if other := sorted(p.name for p in out.iterdir() if p.name not in ours):
         raise FileExistsError(f"{out} holds files that export did not write ({', '.join(other)}):"
                               " move them out of it, or pick a new --out")

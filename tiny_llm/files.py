@@ -48,7 +48,10 @@ def remove_stale_temporaries(path):
     for tmp in path.parent.glob(f".{glob_escape(path.name)}.tmp-*"):
         match = pattern.fullmatch(tmp.name)
         if match and not process_alive(int(match.group(1))):
-            shutil.rmtree(tmp) if tmp.is_dir() and not tmp.is_symlink() else tmp.unlink()
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)  # another process may have removed it first
             removed.append(tmp)
     return removed
 
