@@ -253,7 +253,7 @@ def test_a_full_disk_says_so_and_how_much_is_needed(folder, monkeypatch, error):
 
     monkeypatch.setattr(data, "encode_to_files", disk_fills_up)
     with pytest.raises(OSError, match=r"the disk holding .*data is full: this needs about "
-                       r"[\d.]+ MB there and [\d.]+ [KMG]?B is free"):
+                       r"[\d.]+ MB there, and [\d.]+ [KMG]?B was free"):
         prepare_small(folder)
     assert contents(folder) == before  # the old set, and no temporary file
 

@@ -111,15 +111,15 @@ def is_disk_full(err):
 @contextmanager
 def explain_full_disk(folder, needed):
     """Turn a full disk met inside the block into an OSError that says so: where, about how much
-    the work needs (`needed` bytes) and how much is free, instead of a raw write error."""
+    the work needs (`needed` bytes) and how much was free when it began, not a raw write error."""
+    free = shutil.disk_usage(folder).free  # at the start: by the failure, the block has used it
     try:
         yield
     except Exception as err:  # tokenizers and NumPy report a full disk without an OSError's errno
         if not is_disk_full(err):
             raise
-        free = shutil.disk_usage(folder).free if Path(folder).is_dir() else 0
         raise OSError(f"the disk holding {folder} is full: this needs about "
-                      f"{human_bytes(needed)} there and {human_bytes(free)} is free. Make room, "
+                      f"{human_bytes(needed)} there, and {human_bytes(free)} was free. Make room, "
                       "or use a folder on another disk; what was there before is unchanged"
                       ) from None
 
