@@ -189,6 +189,7 @@ def test_a_failed_export_leaves_the_old_folder_and_no_temporary_one(tmp_path):
     out = tmp_path / "hf"
     out.mkdir()
     (out / "config.json").write_text("{}")
+    (out / ".tiny-llm-export").write_text("config.json\n")  # an earlier export wrote it
     with pytest.raises(RuntimeError), atomic_folder(out) as tmp:
         (tmp / "config.json").write_text('{"half": true}')
         raise RuntimeError("interrupted")

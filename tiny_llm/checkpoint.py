@@ -8,14 +8,18 @@ A checkpoint is a plain dict written with `torch.save`:
      "optimizer": ..., "rng": ..., "data_position": ..., "train_config": ...}   # training only
 
 Only plain types and tensors go in, so it loads with `weights_only=True`: loading a checkpoint
-never runs code from the file. Steps 09 (generate) and 10 (train) and everything after use it.
+never runs code from the file. Nor does it import a module the file names: "model_class" is
+looked up in the course's own table of models, and a name outside it is refused. Steps 09
+(generate) and 10 (train) and everything after use it.
 Training also needs the state of every random generator, and a way to stop on Ctrl-C between
 two steps, where the state is consistent and worth saving: both are here too.
 """
 
 import importlib
 import json
+import pickle
 import random
+import re
 import signal
 import threading
 from contextlib import contextmanager
@@ -28,27 +32,31 @@ import torch
 from tiny_llm.files import atomic_path
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.processes import ONE_PROCESS
-from tiny_llm.tokenize import tokenizer_sha256
+from tiny_llm.tokenize import load_tokenizer, tokenizer_sha256
 
 REQUIRED_KEYS = ("model", "config", "step", "tokenizer_sha256")
-# The models the course builds, by the short name `--model` takes. Classes are named, not
-# imported: a helper of step 10 must not import step 15, so the class is looked up when needed.
-MODELS = {"gpt": "tiny_llm.gpt.GPT", "modern": "tiny_llm.modern.ModernGPT"}
+# Every model class the course builds: the name a checkpoint records -> (module, class), in
+# course order. A module is imported only when its class is needed (a helper of step 10 must not
+# import step 15), and only a module of this table: never one whose name comes from a file.
+MODEL_CLASSES = {
+    "tiny_llm.gpt.GPT": ("tiny_llm.gpt", "GPT"),  # step 08
+    "tiny_llm.posenc_lab.LabGPT": ("tiny_llm.posenc_lab", "LabGPT"),  # step 14
+    "tiny_llm.modern.ModernGPT": ("tiny_llm.modern", "ModernGPT"),  # step 15
+}
+MODELS = {"gpt": "tiny_llm.gpt.GPT", "modern": "tiny_llm.modern.ModernGPT"}  # --model's names
 DEFAULT_MODEL_CLASS = MODELS["gpt"]  # checkpoints written before "model_class" existed
 
 
 def model_class(name):
-    """The class for a short name in MODELS ("gpt") or a dotted path ("tiny_llm.gpt.GPT")."""
+    """The class for a short name in MODELS ("gpt") or a name in MODEL_CLASSES
+    ("tiny_llm.gpt.GPT"); anything else is refused without importing anything."""
     path = MODELS.get(name, name)
-    module, _, attr = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError):
-        raise ValueError(f"unknown model class {name!r}: use one of {', '.join(MODELS)} or the "
-                         "dotted path of a class with `config_class` and `presets`") from None
-    if not hasattr(cls, "config_class"):
-        raise ValueError(f"{path} is not a tiny-llm model: it has no `config_class` attribute")
-    return cls
+    if path not in MODEL_CLASSES:
+        raise ValueError(f"unknown model class {name!r}: the course's models are "
+                         f"{', '.join(MODELS)} (for --model) and {', '.join(MODEL_CLASSES)}; a "
+                         "checkpoint naming another class is not loaded, so no code it names runs")
+    module, attr = MODEL_CLASSES[path]
+    return getattr(importlib.import_module(module), attr)
 
 
 def class_path(model):
@@ -86,9 +94,16 @@ def load_checkpoint(path, device="cpu", data_dir=None):
         )
     try:
         state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:  # objects that safe loading refuses to build
+        raise ValueError(
+            f"{path} could not be read as a checkpoint: it holds Python objects that safe "
+            f"loading (weights_only=True) refuses, because building them could run code from the "
+            f"file. It is not a tiny-llm checkpoint; load it unsafely only if you made it "
+            f"yourself and trust it. PyTorch's whole reason:\n"
+            + re.sub(r"\x1b\[[0-9;]*m", "", str(err))) from None  # without terminal colours
     except Exception as err:  # torch raises several kinds for truncated or foreign files
         raise ValueError(
-            f"{path} could not be read as a checkpoint ({type(err).__name__}: {str(err)[:200]}); "
+            f"{path} could not be read as a checkpoint ({type(err).__name__}: {err}); "
             f"it is truncated or not a tiny-llm checkpoint: train again or pick another file"
         ) from None
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
@@ -107,15 +122,22 @@ def check_tokenizer(ckpt, data_dir=DATA_DIR, path="the checkpoint"):
     Token ids only mean something under the tokenizer that made them: id 812 may be " dog" in
     one vocabulary and " sky" in another, so a mismatch would give fluent-looking garbage.
     """
-    prepared = tokenizer_sha256(Path(data_dir) / "tokenizer.json")
+    tokenizer_file = Path(data_dir) / "tokenizer.json"
+    prepared = tokenizer_sha256(tokenizer_file)
     if ckpt["tokenizer_sha256"] != prepared:
         source = ckpt.get("data_source", "unknown data")
+        vocab = ckpt.get("config", {}).get("vocab_size")
+        try:
+            found = f"{load_tokenizer(tokenizer_file).get_vocab_size():,} tokens"
+        except Exception:  # not a tokenizer the course can use: its hash is still shown
+            found = "not a readable tokenizer"
         raise ValueError(
             f"{path} was trained with a different tokenizer (data source: {source}, tokenizer "
-            f"sha256 {ckpt['tokenizer_sha256'][:12]}...) from the one prepared in {data_dir} "
-            f"(sha256 {prepared[:12]}...). Re-prepare that data with "
-            f"`uv run python -m tiny_llm.data --source {source}`, or pass --data-dir pointing at "
-            f"the folder the checkpoint was trained with."
+            f"sha256 {ckpt['tokenizer_sha256'][:12]}..., "
+            + (f"{vocab:,} tokens" if vocab else "vocabulary unknown")
+            + f") from the one prepared in {data_dir} (sha256 {prepared[:12]}..., {found}). "
+            f"Re-prepare that data with `uv run python -m tiny_llm.data --source {source}`, or "
+            f"pass --data-dir pointing at the folder the checkpoint was trained with."
         )
 
 

@@ -12,6 +12,7 @@ import collections
 import itertools
 import json
 import os
+import shlex
 import socket
 import sys
 from contextlib import ExitStack
@@ -21,8 +22,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from tiny_llm.files import atomic_path
-from tiny_llm.paths import DATA_DIR
+from tiny_llm.files import atomic_path, check_writable, explain_full_disk
+from tiny_llm.paths import DATA_DIR, check_data_dir
 from tiny_llm.sample_stories import generate_stories
 from tiny_llm.tokenize import EOT, VOCAB_SIZE, load_tokenizer, tokenizer_sha256, train_tokenizer
 
@@ -35,6 +36,7 @@ READERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parqu
 ALTERNATIVES = ("use `--source sample` (the offline corpus) or `--source PATH` (a .txt file with "
                 f"stories separated by {EOT} lines, or .jsonl/.json/.parquet with a 'text' field)")
 MAKE_IT = "prepare the data with `uv run python -m tiny_llm.data`"
+TEXT_BYTES = {"sample": 3_300_000, "tinystories": 1_920_000_000}  # to tell a full disk's need
 
 
 def hub_reachable(timeout=3.0):
@@ -75,14 +77,24 @@ def file_stories(path):
     import datasets
     path, reader = corpus_file(path)
     rows = datasets.load_dataset(reader, data_files=str(path), split="train", streaming=True)
-    if reader == "text":  # one row per line; a story is a run of lines between two EOT lines
-        runs = itertools.groupby(rows, key=lambda row: row["text"].strip() == EOT)
-        yield from ("\n".join(row["text"] for row in run) for is_eot, run in runs if not is_eot)
-        return
-    for row in rows:
-        if "text" not in row:
-            raise ValueError(f"{path} has no 'text' field (its fields: {', '.join(row)})")
-        yield row["text"]
+    try:
+        if reader == "text":  # one row per line; a story is a run of lines between two EOT lines
+            runs = itertools.groupby(rows, key=lambda row: row["text"].strip() == EOT)
+            yield from ("\n".join(row["text"] for row in run) for is_eot, run in runs if not is_eot)
+            return
+        for i, row in enumerate(rows, start=1):
+            if "text" not in row:
+                raise ValueError(f"{path} has no 'text' field (its fields: {', '.join(row)})")
+            if not isinstance(row["text"], str):
+                raise ValueError(f"{path}, row {i}: 'text' is {row['text']!r}, not a story: give "
+                                 "every row a string, or remove the row")
+            yield row["text"]
+    except UnicodeDecodeError as err:  # a binary file, or text saved in another encoding
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {err.object[err.start]:#04x} is not UTF-8): text in "
+            f"another encoding such as Latin-1 must be converted first, for example `iconv -f "
+            f"latin1 -t utf-8 {path.name} > {path.stem}-utf8{path.suffix}`, then pass the new "
+            "file; a binary file cannot be a corpus") from None
 
 
 def split_tail(stories, path):
@@ -155,7 +167,10 @@ def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SI
                  first=None):
     """Write data_dir/{tokenizer.json, train.bin, valid.bin, meta.json} from `source`; return meta.
     source: tinystories, sample, a file path, or None (TinyStories if the Hub answers, else sample);
-    valid: validation stories for a path (default: its tail); first: {split: keep its first N}."""
+    valid: validation stories for a path (default: its tail); first: {split: keep its first N}.
+    meta.json is the one file trusted: the old one goes first, the new one comes last."""
+    check_first(first)
+    check_writable(check_data_dir(data_dir), "the data folder")  # before minutes of work
     if source is None:
         source = "tinystories" if hub_reachable() else "sample"
         if source == "sample":
@@ -165,6 +180,7 @@ def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SI
         print(f"training a {vocab_size:,}-token BPE on the train stories", file=sys.stderr)
     with ExitStack() as stack:  # on leaving, files are renamed in reverse order: meta.json last
         tmp = {name: stack.enter_context(atomic_path(Path(data_dir, name))) for name in FILES[::-1]}
+        stack.enter_context(explain_full_disk(data_dir, needed_bytes(source, valid, first)))
         seen = {"stories": 0, "bytes": 0}
         stories = train_prefix(pairs(), TOKENIZER_MAX_BYTES, seen, first.get("train"))
         tokenizer = train_tokenizer(stories, vocab_size)
@@ -179,24 +195,112 @@ def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SI
                 "dtype": "uint16", "tokenizer_sha256": tokenizer_sha256(tmp["tokenizer.json"]),
                 "tokenizer_trained_on": seen, **counts, "first_stories": first or None}
         tmp["meta.json"].write_text(json.dumps(meta, indent=2) + "\n")
+        # The old meta.json goes before any file is replaced: until the new one arrives last,
+        # a reader finds no meta.json and refuses the folder instead of mixing two sets.
+        Path(data_dir, "meta.json").unlink(missing_ok=True)
     return meta
+
+
+def check_first(first):
+    """--train-stories/--valid-stories: each a whole number of stories, at least 1."""
+    for split, n in (first or {}).items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"--{split}-stories keeps the first N {split} stories, so N must be "
+                             f"at least 1, got {n!r}: leave the flag out to keep them all")
+
+
+def needed_bytes(source, valid=None, first=None):
+    """About what preparing `source` writes: 2-byte tokens of about 4 bytes of text each, so
+    token files half the size of the text (tokenizer and meta.json are small beside them)."""
+    text = TEXT_BYTES.get(str(source)) or sum(Path(p).stat().st_size
+                                              for p in filter(None, (source, valid)))
+    if first and len(first) == 2:  # both splits cut: TinyStories' stories average under 1 KB
+        text = min(text, 1000 * sum(first.values()))
+    return text // 2 + 1_000_000
 
 
 def missing_files(data_dir=DATA_DIR):  # the prepared files that are not there
     return [name for name in FILES if not (Path(data_dir) / name).is_file()]
 
 
-def load_meta(data_dir=DATA_DIR):
-    """The dict in data_dir/meta.json: source, vocab size, tokenizer sha256, counts per split."""
-    path = Path(data_dir) / "meta.json"
+def read_meta(data_dir=DATA_DIR):
+    """The dict in data_dir/meta.json as it stands: source, vocab size, tokenizer sha256, counts
+    per split. load_meta() also checks the files beside it."""
+    path = Path(check_data_dir(data_dir)) / "meta.json"
     if not path.is_file():
         raise FileNotFoundError(f"no {path}: {MAKE_IT}")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): it was cut short or edited; prepare "
+                         f"the data again with {rebuild_command(data_dir)}") from None
+
+
+def load_meta(data_dir=DATA_DIR):
+    """read_meta(), once the files beside meta.json are checked to be the ones it describes:
+    a folder missing some of them, or holding another tokenizer, is refused with the fix."""
+    missing = missing_files(check_data_dir(data_dir))
+    if len(missing) == len(FILES):
+        raise FileNotFoundError(f"no prepared data in {data_dir}: {MAKE_IT}")
+    meta = read_meta(data_dir) if "meta.json" not in missing else None
+    if missing:
+        present = [name for name in FILES if name not in missing]
+        raise FileNotFoundError(
+            f"{data_dir} holds {', '.join(present)} but not {', '.join(missing)}: a preparation "
+            "was interrupted, or a file was moved or deleted. Nothing was changed there (the "
+            f"files may come from your own corpus); prepare it again with "
+            f"{rebuild_command(data_dir, meta)}")
+    check_files(data_dir, meta)
+    return meta
+
+
+def check_files(data_dir, meta):
+    """Raise unless the files are the ones meta.json describes: the token files of the sizes it
+    records, and the tokenizer of the sha256 it records (ids mean something only under the
+    tokenizer that wrote them)."""
+    for split in ("train", "valid"):
+        tokens, expected = Path(data_dir, f"{split}.bin").stat().st_size // 2, meta[split]["tokens"]
+        if tokens != expected:
+            raise ValueError(f"{data_dir}/{split}.bin holds {tokens:,} tokens, meta.json says "
+                             f"{expected:,}: the file is truncated or stale; prepare the folder "
+                             f"again with {rebuild_command(data_dir, meta)}")
+    path = Path(data_dir) / "tokenizer.json"
+    found = tokenizer_sha256(path)
+    if found == meta["tokenizer_sha256"]:
+        return
+    try:
+        vocab = f"{load_tokenizer(path).get_vocab_size():,} tokens"
+    except Exception:  # not a tokenizer the course can use: the message still names its hash
+        vocab = "not a readable tokenizer"
+    raise ValueError(
+        f"{path} is not the tokenizer the token files in {data_dir} were written with: its "
+        f"sha256 is {found[:12]}... ({vocab}), meta.json records {meta['tokenizer_sha256'][:12]}"
+        f"... ({meta['vocab_size']:,} tokens). Training or evaluating on the pair would give "
+        "garbage. Put back the tokenizer.json that came with the files, or prepare the folder "
+        f"again with {rebuild_command(data_dir, meta)}")
+
+
+def rebuild_command(data_dir, meta=None):
+    """The command that prepares data_dir again, from what its meta.json says when it is there."""
+    meta = meta or {}
+    words = ["uv run python -m tiny_llm.data --source", shlex.quote(meta.get("source", "SOURCE"))]
+    if Path(data_dir).resolve() != DATA_DIR.resolve():
+        words += ["--data-dir", shlex.quote(str(data_dir))]
+    for split, n in (meta.get("first_stories") or {}).items():
+        words += [f"--{split}-stories", str(n)]
+    command = f"`{' '.join(words)}`"
+    if "source" not in meta:
+        command += " (SOURCE: sample, tinystories, or the corpus file the folder was made from)"
+    return command
 
 
 def ensure_data(data_dir=DATA_DIR):
-    """The meta of the prepared data, preparing it first if any of its files is missing."""
-    return prepare_data(None, data_dir=data_dir) if missing_files(data_dir) else load_meta(data_dir)
+    """The meta of the prepared data in data_dir, checked. A folder holding none of the four
+    files is prepared first (the default source); one holding only some of them is refused,
+    never rewritten: they may come from your own corpus. Only `tiny_llm.data` prepares over them."""
+    if len(missing_files(check_data_dir(data_dir))) == len(FILES):
+        return prepare_data(None, data_dir=data_dir)
+    return load_meta(data_dir)
 
 
 def load_token_array(path):
@@ -208,7 +312,7 @@ def load_token_array(path):
         raise ValueError(f"{path} has {n_bytes:,} bytes, not a whole number of uint16 tokens: it "
                          f"is truncated or empty; {MAKE_IT}")
     if path.stem in ("train", "valid") and (path.parent / "meta.json").is_file():
-        expected = load_meta(path.parent)[path.stem]["tokens"]
+        expected = read_meta(path.parent)[path.stem]["tokens"]
         if n_bytes // 2 != expected:
             raise ValueError(f"{path} holds {n_bytes // 2:,} tokens, meta.json says {expected:,}: "
                              f"the file is truncated or stale; {MAKE_IT}")
@@ -287,12 +391,14 @@ def main():
     args = parser.parse_args()
     first = {s: n for s in ("train", "valid") if (n := getattr(args, f"{s}_stories")) is not None}
     try:
-        if args.source is not None or missing_files(args.data_dir) or first:
+        nothing_yet = len(missing_files(check_data_dir(args.data_dir))) == len(FILES)
+        if args.source is not None or first or nothing_yet:
             prepare_data(args.source, args.valid, args.data_dir, args.vocab_size, first=first)
         else:
+            load_meta(args.data_dir)  # a folder with some of the files is refused, not rewritten
             print(f"prepared data found in {args.data_dir} (--source prepares it again)\n")
         show(args.data_dir)
-    except (ConnectionError, FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:  # ConnectionError, FileNotFoundError: OSErrors too
         raise SystemExit(f"error: {error}") from None
 
 

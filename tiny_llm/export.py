@@ -24,7 +24,7 @@ import torch
 from tokenizers import Tokenizer
 
 from tiny_llm.checkpoint import MODELS, build_model, class_path, load_checkpoint, save_checkpoint
-from tiny_llm.files import atomic_path
+from tiny_llm.files import atomic_path, remove_stale_temporaries, temporary_name
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.paths import DATA_DIR
@@ -156,20 +156,38 @@ def from_gpt2(source):
     return copy_weights(ours, hf, GPT2_NAMES, backwards=True), hf.eval()
 
 
+MARKER = ".tiny-llm-export"  # in every folder export writes: the names of the files it wrote
+
+
+def check_replaceable(out):
+    """Raise unless `out` is absent, empty, or holds only what an earlier export wrote there
+    (its MARKER lists the names): a typo in --out deletes no one's files, not even beside a
+    config.json."""
+    out = Path(out)
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not (out.is_dir() and (out / MARKER).is_file()):
+        raise FileExistsError(f"{out} exists and is not a model folder: pick a new --out. Only "
+                              f"a folder that export wrote (it holds {MARKER}) is replaced")
+    ours = set((out / MARKER).read_text().splitlines()) | {MARKER}
+    if other := sorted(p.name for p in out.iterdir() if p.name not in ours):
+        raise FileExistsError(f"{out} holds files that export did not write ({', '.join(other)}):"
+                              " move them out of it, or pick a new --out")
+
+
 @contextmanager
 def atomic_folder(out):
     """Yield a temporary folder beside `out`, renamed to `out` only if the block succeeds.
-    Only an empty folder or a model's (config.json) is replaced: a typo deletes no one's files."""
+    Only a folder that check_replaceable() allows is replaced."""
     out = Path(out)
-    if out.exists() and not (out.is_dir() and (not any(out.iterdir())
-                                               or (out / "config.json").is_file())):
-        raise FileExistsError(f"{out} exists and is not a model folder: pick a new --out "
-                              "(an earlier export there would be replaced)")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    check_replaceable(out)
+    remove_stale_temporaries(out)  # folders that killed exports left
+    tmp = temporary_name(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
+        (tmp / MARKER).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir())))
         shutil.rmtree(out, ignore_errors=True)  # the old export; a reader never sees half of one
         os.replace(tmp, out)
     finally:
@@ -187,6 +205,7 @@ def save_tokenizer(tokenizer_file, folder, max_len):
 
 def export(checkpoint, out, data_dir=DATA_DIR):
     """Write the checkpoint's model to the folder `out`; return (our model, the checkpoint)."""
+    check_replaceable(out)  # before any work: a folder export did not write is refused
     ckpt = load_checkpoint(checkpoint, data_dir=data_dir)  # also: the same tokenizer as data_dir
     kind = ckpt.get("model_class", MODELS["gpt"])  # older checkpoints all hold a GPT
     if kind not in EXPORTS:
@@ -279,7 +298,8 @@ def main():
                   f"step {ckpt['step']:,})")
             print(f"{'exported':<12} {type(hf).__name__}, {model.num_params():,} parameters "
                   f"-> {args.out}")
-            print(f"{'files':<12} {' '.join(sorted(os.listdir(args.out)))}")
+            files = sorted(name for name in os.listdir(args.out) if name != MARKER)
+            print(f"{'files':<12} {' '.join(files)}")
         else:
             model, hf, tokenizer_file = import_gpt2(args.source, args.out)
             tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file else None

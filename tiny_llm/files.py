@@ -4,11 +4,60 @@ Every command in the course that writes something a later step reads (the tokeni
 files, checkpoints, plots) writes to a temporary name beside the target and renames it when the
 write is complete. A rename within one folder is atomic, so an interrupted run leaves either the
 old file or no file, never a truncated one.
+
+A run killed outright (kill -9, a power cut) cannot delete its temporary file: the next write of
+the same target removes it, once the process named in its name is gone. The helpers at the end
+turn the two failures a learner meets on a real disk, no permission and no space, into messages.
 """
 
+import errno
 import os
+import re
+import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def temporary_name(path, pid=None):
+    """Where a write of `path` goes first: data/train.bin -> data/.train.bin.tmp-1234 (hidden)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid() if pid is None else pid}")
+
+
+def process_alive(pid):
+    """True unless process `pid` is known to be gone (on Windows, where os.kill would end the
+    process instead of asking about it, every process counts as alive)."""
+    if os.name == "nt":
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: nothing is sent, only whether the process exists is checked
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, run by another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(path):
+    """Delete what killed runs left beside `path` (.NAME.tmp-PID files or folders whose process is
+    gone); return their paths. A live run's temporary file is never touched."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.tmp-(\d+)")
+    removed = []
+    for tmp in path.parent.glob(f".{glob_escape(path.name)}.tmp-*"):
+        match = pattern.fullmatch(tmp.name)
+        if match and not process_alive(int(match.group(1))):
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)  # another process may have removed it first
+            removed.append(tmp)
+    return removed
+
+
+def glob_escape(name):  # a file name matched literally by Path.glob: "[" would start a class
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 @contextmanager
@@ -20,13 +69,67 @@ def atomic_path(path):
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    remove_stale_temporaries(path)  # a killed run's file can be as large as the corpus
+    tmp = temporary_name(path)
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def check_writable(folder, what="this folder"):
+    """Make `folder` if needed and prove a file can be created in it, before any long work.
+
+    Raises PermissionError naming the folder and what to do; `what` says what it is for."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file, not a folder: {what} must be a folder "
+                                 "(it is made if missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # created and removed at once
+            pass
+    except OSError as err:
+        raise PermissionError(f"cannot write in {folder} ({err.strerror or err}): {what} must be "
+                              "a folder you can write; change its permissions (chmod u+w) or "
+                              "pick another") from None
+    return folder
+
+
+def is_disk_full(err):
+    """True if an error means the disk is full: ENOSPC (or EDQUOT, a quota), the same said in
+    words (tokenizers' "os error 28"), or NumPy's short write ("155202 requested and 57554
+    written"), which carries no errno."""
+    codes = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+    text = str(err)
+    return (getattr(err, "errno", None) in codes or "No space left on device" in text
+            or bool(re.search(r"\d+ requested and \d+ written", text)))
+
+
+@contextmanager
+def explain_full_disk(folder, needed):
+    """Turn a full disk met inside the block into an OSError that says so: where, about how much
+    the work needs (`needed` bytes) and how much was free when it began, not a raw write error."""
+    free = shutil.disk_usage(folder).free  # at the start: by the failure, the block has used it
+    try:
+        yield
+    except Exception as err:  # tokenizers and NumPy report a full disk without an OSError's errno
+        if not is_disk_full(err):
+            raise
+        raise OSError(f"the disk holding {folder} is full: this needs about "
+                      f"{human_bytes(needed)} there, and {human_bytes(free)} was free. Make room, "
+                      "or use a folder on another disk; what was there before is unchanged"
+                      ) from None
+
+
+def human_bytes(n):
+    """1536 -> '1.5 KB', 2_300_000_000 -> '2.3 GB' (powers of 1,000, as disks are sold)."""
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
 
 
 def save_figure(fig, path, dpi=80):
