@@ -23,7 +23,8 @@ def teaching_words(chapter):
 def test_every_record_says_what_how_where_when_and_the_result(record):
     text = record.read_text()
     at = [text.find(f"\n{s}\n") for s in SECTIONS]
-    assert all(i > 0 for i in at), f"{record.name} lacks {[s for s, i in zip(SECTIONS, at) if i < 0]}"
+    missing = [s for s, i in zip(SECTIONS, at, strict=True) if i < 0]
+    assert not missing, f"{record.name} lacks {missing}"
     assert at == sorted(at), f"{record.name}: the sections are not in the order {SECTIONS}"
     assert re.search(r"20\d\d-\d\d", text[at[3]:at[4]]), f"{record.name}: the Date has no date"
 

@@ -51,7 +51,7 @@ class GPTConfig:
 # Named sizes; steps/08-gpt.md has their parameter counts and measured speeds.
 PRESETS = {
     "tiny": GPTConfig(max_seq_len=64, d_model=64, n_layers=2, n_heads=2),  # tests: seconds on CPU
-    # the main job on a CPU: the sweeps in steps/10-train.md found a short context best in 10 minutes
+    # the main job on a CPU: screenings found 128 tokens best in 10 minutes (docs/records/10-*)
     "cpu": GPTConfig(max_seq_len=128, d_model=128, n_layers=4, n_heads=4),
     "small": GPTConfig(max_seq_len=256, d_model=128, n_layers=4, n_heads=4),  # a 256-token context
     "medium": GPTConfig(max_seq_len=256, d_model=384, n_layers=6, n_heads=6),  # a laptop GPU
