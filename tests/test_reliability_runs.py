@@ -70,7 +70,8 @@ def dead_pid():
 def test_resume_refuses_a_setting_the_checkpoint_fixes(saved_run, sample_data_dir, flag, value):
     before = (saved_run / "ckpt.pt").read_bytes()
     cfg = config(sample_data_dir, saved_run, resume=True, max_steps=3, **{flag: value})
-    with pytest.raises(ValueError, match=rf"--{flag} {value} \(the run has .*\) cannot change"
+    with pytest.raises(ValueError, match=rf"cannot change what the run in .* fixed: --{flag} "
+                                         rf"{value} \(the run has .*\)\. "
                                          r".*it accepts --time-budget, --max-steps, --out,"):
         train(cfg)
     assert (saved_run / "ckpt.pt").read_bytes() == before  # nothing saved, least of all a lie
@@ -153,6 +154,12 @@ def test_a_read_only_out_is_found_before_any_work(sample_data_dir, tmp_path, mon
     with pytest.raises(PermissionError, match=r"cannot write to the run folder .*run \(Read-only"
                                               r" file system\).*pass an --out you can write to"):
         train(config(sample_data_dir, tmp_path / "run"))
+
+
+def test_a_run_that_cannot_start_leaves_no_folder_behind(sample_data_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        train(config(sample_data_dir, tmp_path / "typo", resume=True))
+    assert not (tmp_path / "typo").exists()
 
 
 def test_a_budget_shorter_than_the_warmup_says_what_happens(capsys):

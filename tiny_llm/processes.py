@@ -64,6 +64,7 @@ def hold_run_folder(folder):
     first step, not at the first save. The lock goes when the block ends, Ctrl-C included.
     """
     lock = Path(folder) / LOCK_NAME
+    created = not lock.parent.exists()
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
         take_lock(lock)
@@ -78,6 +79,8 @@ def hold_run_folder(folder):
     finally:
         if lock_holder(lock) == os.getpid():  # ours still: not deleted and taken by another
             lock.unlink(missing_ok=True)
+        if created and not any(lock.parent.iterdir()):  # a run that failed to start leaves
+            lock.parent.rmdir()  # no empty folder behind
 
 
 def take_lock(lock):

@@ -104,7 +104,7 @@ def check_resume_settings(cfg, saved, path):
         accepted = [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig)
                     if f.name not in (*FIXED_ON_RESUME, "resume")]
         raise ValueError(
-            f"--resume continues the run in {path}, which {', '.join(changed)} cannot change. "
+            f"--resume cannot change what the run in {path} fixed: {', '.join(changed)}. "
             f"With --resume, leave out {', '.join('--' + n for n in FIXED_ON_RESUME)}; it "
             f"accepts {', '.join(accepted)} and --sample-tokens. To train another model, start "
             "a new run with another --out")
@@ -305,8 +305,9 @@ def explain_failed_save(ckpt_path, step, cfg):
         why = "the disk is full" if full else (getattr(err, "strerror", None) or str(err))
         kept = (f"{ckpt_path} still holds the previous save, whole" if ckpt_path.exists()
                 else "nothing was saved before")
-        raise OSError(f"could not save step {step} in {ckpt_path.parent}: {why}. {kept}. Free "
-                      f"some space, then continue with: {resume_command(cfg)}") from None
+        fix = "Free some space" if full else "Fix that"
+        raise OSError(f"could not save step {step} in {ckpt_path.parent}: {why}. {kept}. {fix}, "
+                      f"then continue with: {resume_command(cfg)}") from None
 
 
 def resume_command(cfg):
@@ -356,7 +357,8 @@ def main():
     except (OSError, FloatingPointError, ValueError) as err:  # OSError: files, folders, disks
         raise SystemExit(f"error: {err}") from None
     except KeyboardInterrupt:
-        raise SystemExit("interrupted outside the training loop: nothing new was saved") from None
+        raise SystemExit("interrupted at once: nothing new was saved (a checkpoint saved "
+                         "before, if any, is whole)") from None
 
 
 if __name__ == "__main__":
