@@ -130,8 +130,8 @@ def complete(model, tokenizer, prompt, max_new_tokens, generator=None, **samplin
 
 
 def printable(text):
-    """`text` with control characters written as escapes, so that no prompt or sample can drive
-    the terminal (move the cursor, clear the screen); newlines and tabs stay as they are.
+    r"""`text` with control characters written as escapes, so that no prompt or sample can
+    drive the terminal (move the cursor, clear the screen); newlines and tabs stay as they are.
     'a\x1b[2Jb' -> 'a\\x1b[2Jb'"""
     return "".join(c if c in "\n\t" or unicodedata.category(c) != "Cc" else repr(c)[1:-1]
                    for c in text)
