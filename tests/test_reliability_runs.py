@@ -348,7 +348,7 @@ def test_an_unexpected_error_on_a_rank_prints_its_line_then_its_traceback(capsys
     assert capsys.readouterr().err == "rank 1: KeyError: 'embed.tok_emb.weight'\n"
 
 
-def test_the_scale_command_reports_through_the_one_line(monkeypatch, capsys):
+def test_the_scale_command_prints_a_ranks_error_as_one_line(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setattr(sys, "argv", ["scale", "--resume", "--out", "/no/such/run"])
