@@ -98,7 +98,9 @@ def test_a_rank_that_fails_stops_the_job_with_its_error(sample_data_dir, tmp_pat
     proc = torchrun(warm_python, "--max-steps", "4", script=(str(script),), cwd=tmp_path,
                     data_dir=sample_data_dir)
     assert proc.returncode != 0
-    assert "rank 1 broke on purpose" in proc.stderr
+    line = "rank 1: RuntimeError: rank 1 broke on purpose\n"  # one line naming the rank, first:
+    assert line in proc.stderr  # before its traceback and torchrun's summary
+    assert proc.stderr.index(line) < proc.stderr.index("Traceback")
 
 
 def test_solutions():

@@ -65,4 +65,9 @@ def fit_budget(cfg, step, records):
     tqdm.write(f"{'budget':<12} {cfg.time_budget:.0f} s: {pace * 1000:.0f} ms per step and "
                f"{eval_s:.1f} s per evaluation after {records[-1]['time_s']:.1f} s, "
                f"so {steps:,} steps", file=sys.stdout)
+    if steps <= cfg.warmup_steps:  # the learning rate never comes down
+        tqdm.write(f"{'budget':<12} {cfg.time_budget:g} s ends the run inside its "
+                   f"{cfg.warmup_steps}-step warmup: it stops at step {steps:,}, at "
+                   f"{steps / cfg.warmup_steps:.0%} of the peak learning rate, with no decay. "
+                   "Give a longer --time-budget or fewer --warmup-steps", file=sys.stdout)
     return replace(cfg, max_steps=steps)

@@ -21,6 +21,7 @@ import pickle
 import random
 import re
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -157,10 +158,13 @@ def model_from_state(ckpt):
 
 def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
              parallel=ONE_PROCESS):
-    """Write ckpt.pt, then log.jsonl, each atomically: the log never runs ahead of the weights."""
+    """Write log.jsonl, then ckpt.pt, each atomically. A run killed between the two leaves a
+    log ahead of the weights, which resume_run trims; the other order would lose records."""
     model_state, optimizer_state = parallel.state_dicts(model, optimizer)  # every rank takes part
     if parallel.rank != 0:  # rank 0 alone writes
         return
+    with atomic_path(ckpt_path.parent / "log.jsonl") as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
     save_checkpoint(ckpt_path, {
         "model": model_state, "config": asdict(parallel.unwrap(model).config), "step": step,
         "model_class": class_path(parallel.unwrap(model)),
@@ -170,19 +174,44 @@ def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
         # batches start at random offsets, so the data generator's state (in "rng") is the
         # position in the data; these counts say how much the run has read
         "data_position": {"batches": step * cfg.grad_accum, "tokens": records[-1]["tokens"]},
+        "last_record": records[-1],  # this step's log record, should log.jsonl lose it
     })
-    with atomic_path(ckpt_path.parent / "log.jsonl") as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def resume_run(ckpt, ckpt_path, model, optimizer, data_gen, parallel=ONE_PROCESS):
     """Put a resumed run's optimizer and generators back as `ckpt` saved them; return the
-    log records up to its step (log.jsonl may run ahead of an interrupted save)."""
+    log records up to its step (log.jsonl may run ahead of an interrupted save, or have lost
+    its last line, which the checkpoint keeps)."""
     parallel.load_optimizer(model, optimizer, ckpt["optimizer"])
     set_rng_state(ckpt["rng"], data_gen)
     log = Path(ckpt_path).parent / "log.jsonl"
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return [r for r in records if r["step"] <= ckpt["step"]]
+    records = [r for r in (read_log(log) if log.exists() else []) if r["step"] <= ckpt["step"]]
+    if "last_record" in ckpt and (not records or records[-1]["step"] < ckpt["step"]):
+        records.append(ckpt["last_record"])
+    return records
+
+
+def read_log(path):
+    """The records of a run's log.jsonl, one dict per line. A last line cut short (by a copy or
+    an editor that stopped midway: the course writes the file whole) is skipped with a notice;
+    a bad line elsewhere is an error naming the file and the line."""
+    lines = Path(path).read_text(errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number < len(lines):
+                raise ValueError(
+                    f"{path}, line {number}, is not a JSON record ({err.msg}); the checkpoint "
+                    "beside it is not affected: delete that line, or the whole log to go on "
+                    "without the history") from None
+            last = records[-1]["step"] if records else "none"
+            print(f"note: the last line of {path} is cut short ({err.msg}): skipped, so the "
+                  f"log ends at step {last}", file=sys.stderr)
+    return records
 
 
 def rng_state(data_gen):

@@ -11,13 +11,12 @@ Run the check:  uv run python -m tiny_llm.evaluate --checkpoint runs/tiny/ckpt.p
 """
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import torch
 
-from tiny_llm.checkpoint import model_from_checkpoint
+from tiny_llm.checkpoint import model_from_checkpoint, read_log  # read_log: log.jsonl's records
 from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import pick_device
 from tiny_llm.files import save_figure
@@ -34,11 +33,6 @@ def bits_per_byte(loss, tokens, n_bytes):
     2.0 nats/token at 4 bytes/token -> 2.0 / 4 / 0.693 = 0.72 bits per byte.
     """
     return loss * tokens / n_bytes / math.log(2)
-
-
-def read_log(path):
-    """The records of a run's log.jsonl: a list of dicts, one per training step."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def plot_loss_curve(records, path, title="training run"):

@@ -12,6 +12,8 @@ With a trained model:  uv run python -m tiny_llm.generate --checkpoint runs/smal
 
 import argparse
 import math
+import sys
+import unicodedata
 from dataclasses import replace
 from pathlib import Path
 
@@ -127,6 +129,42 @@ def complete(model, tokenizer, prompt, max_new_tokens, generator=None, **samplin
     return tokenizer.decode(out[0].tolist())  # decode drops the EOT tokens
 
 
+def printable(text):
+    r"""`text` with control characters written as escapes, so that no prompt or sample can
+    drive the terminal (move the cursor, clear the screen); newlines and tabs stay as they are.
+    'a\x1b[2Jb' -> 'a\\x1b[2Jb'"""
+    return "".join(c if c in "\n\t" or unicodedata.category(c) != "Cc" else repr(c)[1:-1]
+                   for c in text)
+
+
+def stream_sample(model, tokenizer, prompt, max_new_tokens, write, generator=None, **sampling):
+    """complete(), written out while it is made: `write` receives the prompt, then each new
+    piece of text as soon as its tokens decode to whole characters (printable). Returns the
+    ids. On Ctrl-C what was made is written before the KeyboardInterrupt goes on."""
+    ids = tokenizer.encode(prompt).ids or [0]
+    device = next(model.parameters()).device
+    shown = 0  # ids[:shown] are written
+
+    def flush(whole=True):  # a byte-level token can hold half of a character: wait for the rest
+        nonlocal shown
+        text = tokenizer.decode(ids[shown:])
+        if whole or not text.endswith("\ufffd"):
+            write(printable(text))
+            shown = len(ids)
+
+    try:
+        flush(whole=False)
+        for _ in range(max_new_tokens):  # one token a call: generate() sees the last M tokens
+            idx = torch.tensor([ids[-model.config.max_seq_len:]], device=device)
+            ids.append(generate(model, idx, 1, generator=generator, **sampling)[0, -1].item())
+            if ids[-1] == 0:  # <|endoftext|>: the story is over
+                break
+            flush(whole=False)
+    finally:
+        flush()
+    return ids
+
+
 def story_from_checkpoint(path, max_new_tokens=200, seed=1337, device="cpu", data_dir=DATA_DIR,
                           prompt="Once upon a time"):
     """The text `uv run python -m tiny_llm.generate --checkpoint path --seed seed` prints."""
@@ -223,8 +261,15 @@ def main():
           + f", seed {args.seed}")
     generator = torch.Generator(device=device).manual_seed(args.seed)
     for i in range(args.num_samples):
-        text = complete(model, tokenizer, args.prompt, args.max_new_tokens, generator, **sampling)
-        print(f"{f'sample {i + 1}':<12} {text}")
+        print(f"{f'sample {i + 1}':<12} ", end="", flush=True)
+        try:  # printed as it is made: a long sample shows at once, and Ctrl-C keeps it
+            stream_sample(model, tokenizer, args.prompt, args.max_new_tokens,
+                          lambda text: print(text, end="", flush=True), generator, **sampling)
+        except KeyboardInterrupt:
+            print(flush=True)
+            print(f"stopped by Ctrl-C: sample {i + 1} ends where it was", file=sys.stderr)
+            raise SystemExit(130) from None  # 130: the shell's code for a Ctrl-C
+        print()
 
 
 if __name__ == "__main__":

@@ -1,11 +1,18 @@
-"""Shared helper: the hooks step 10's training loop calls where several processes would differ.
+"""Shared helper: what step 10's training loop needs to know about other processes.
 
-Step 10 trains in one process, so every hook here does nothing; step 16 (tiny_llm.scale)
-subclasses `OneProcess` with PyTorch's DistributedDataParallel or FSDP2 filled in, and hands
-that object to the same loop. The loop is written once; only these few places change.
+First, the hooks it calls where several processes would differ. Step 10 trains in one process,
+so every hook here does nothing; step 16 (tiny_llm.scale) subclasses `OneProcess` with
+PyTorch's DistributedDataParallel or FSDP2 filled in, and hands that object to the same loop.
+The loop is written once; only these few places change.
+
+Second, a lock on the run folder, so that two runs never write one folder at once.
 """
 
-from contextlib import nullcontext
+import os
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 
 class OneProcess:
@@ -34,3 +41,94 @@ class OneProcess:
 
 
 ONE_PROCESS = OneProcess()
+
+
+# --- one run per folder -------------------------------------------------------------------
+
+LOCK_NAME = "train.lock"
+
+
+class FolderInUse(FileExistsError):
+    """Another live process holds the run folder's lock."""
+
+
+@contextmanager
+def hold_run_folder(folder):
+    """Hold `folder`/train.lock, which holds this process's PID, for the length of the block.
+
+    Two runs writing one folder would overwrite each other's checkpoints, each believing its
+    own was saved. The lock is created with O_EXCL, which the operating system makes atomic:
+    of two processes creating it at once, exactly one succeeds. A lock whose process is dead
+    (a run killed by kill -9 or a power cut) is stale and taken over. Creating it is also the
+    first write into the folder, so a folder that cannot be written is found here, before the
+    first step, not at the first save. The lock goes when the block ends, Ctrl-C included.
+    """
+    lock = Path(folder) / LOCK_NAME
+    created = not lock.parent.exists()
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        take_lock(lock)
+    except FolderInUse:
+        raise
+    except OSError as err:  # read-only, not a folder, no permission, disk full
+        raise PermissionError(
+            f"cannot write to the run folder {lock.parent} ({err.strerror or err}): a run saves "
+            "its checkpoints there; pass an --out you can write to") from None
+    try:
+        yield lock
+    finally:
+        if lock_holder(lock) == os.getpid():  # ours still: not deleted and taken by another
+            lock.unlink(missing_ok=True)
+        if created and not any(lock.parent.iterdir()):  # a run that failed to start leaves
+            lock.parent.rmdir()  # no empty folder behind
+
+
+def take_lock(lock):
+    """Create `lock` with this PID in it, taking over a stale one; else raise FolderInUse."""
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            pid = lock_holder(lock)
+            if pid is None or process_alive(pid):
+                who = f"process {pid}" if pid else "a process that is starting"
+                raise FolderInUse(
+                    f"{lock.parent} is in use by {who}, another training run (its lock: "
+                    f"{lock}): wait for it to end, stop it, or pass another --out. If no such "
+                    f"process is training, delete {lock}") from None
+            lock.unlink(missing_ok=True)  # stale: its run died without removing it
+            print(f"note: {lock} was left by process {pid}, which has ended (a run that was "
+                  "killed): taken over", file=sys.stderr)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return
+    raise FolderInUse(f"could not take {lock}: other runs keep taking it; try again")
+
+
+def lock_holder(lock, grace_s=10.0):
+    """The PID written in `lock`. None while a new lock may still be getting its PID (an empty
+    file younger than grace_s); 0, which no process has, for an older empty or garbled one."""
+    try:
+        text = lock.read_text().strip()
+        if text:
+            return int(text)
+        starting = time.time() - lock.stat().st_mtime < grace_s
+    except (OSError, ValueError):  # gone meanwhile, or not a number
+        return 0
+    return None if starting else 0
+
+
+def process_alive(pid):
+    """True if process `pid` exists (os.kill with signal 0 checks without sending anything)."""
+    if pid <= 0:
+        return False
+    if os.name == "nt":  # there os.kill would end the process: assume it lives (the error
+        return True  # says to delete the lock if no run holds it)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, and belongs to another user
+        return True
+    return True

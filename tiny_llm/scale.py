@@ -256,6 +256,37 @@ def check(data_dir=DATA_DIR, tolerance=1e-5):
     print_arithmetic()
 
 
+# --- the command: one job of torchrun's ------------------------------------------------------
+
+@contextlib.contextmanager
+def one_line_per_failure(rank):
+    """Print a failing rank's error as one line, `rank 1: error: ...`, before anything else.
+
+    When a rank fails, the others lose it in their next collective (gloo says "Connection closed
+    by peer") and torchrun adds its summary: the line that says what went wrong comes first,
+    and the ranks that only lost a peer say so in a line of their own, without a traceback.
+    """
+    try:
+        yield
+    except (OSError, FloatingPointError, ValueError) as err:  # the mistakes step 10 explains
+        print(f"rank {rank}: error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except Exception as err:
+        if lost_a_rank(err):
+            print(f"rank {rank}: stopped: another rank has failed (its error is above)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+        print(f"rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        raise  # a bug, not a setting: its traceback follows the line
+
+
+def lost_a_rank(err):
+    """True for the error a collective raises when another rank has gone away."""
+    return isinstance(err, dist.DistError) or (
+        isinstance(err, RuntimeError)
+        and any(s in str(err) for s in ("Connection closed by peer", "Connection reset by peer")))
+
+
 @record  # a failing rank's error goes into torchrun's summary
 def main():
     if "WORLD_SIZE" not in os.environ:  # plain `python -m tiny_llm.scale`
@@ -265,9 +296,9 @@ def main():
     parser.add_argument("--shard", action="store_true", help="FSDP2 instead of DDP")
     args, rest = parser.parse_known_args()
     sys.argv = [sys.argv[0], *rest]  # the rest are step 10's flags
-    cfg, sample_tokens = parse_args()
-    device = start(cfg.device.split(":")[0] if cfg.device else None)
-    try:
+    with one_line_per_failure(os.environ.get("RANK", "?")):  # on error: the line, then exit
+        cfg, sample_tokens = parse_args()
+        device = start(cfg.device.split(":")[0] if cfg.device else None)
         result = train_ranks(cfg, device, args.shard)
         print(f"{'saved':<12} {result['checkpoint']} (step {result['step']})")
         print(f"{'time':<12} {result['time_s']:.1f} s, "
@@ -276,10 +307,7 @@ def main():
             story = story_from_checkpoint(result["checkpoint"], sample_tokens, cfg.seed, device,
                                           cfg.data_dir)
             print(f"{'story':<12} {story}")
-    except (FileExistsError, FileNotFoundError, FloatingPointError, ValueError) as err:
-        raise SystemExit(f"rank {dist.get_rank()}: error: {err}") from None
-    finally:
-        dist.destroy_process_group()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

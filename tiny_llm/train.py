@@ -9,9 +9,12 @@ A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 
 """
 
 import argparse
+import errno
 import math
+import shlex
 import sys
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -33,7 +36,7 @@ from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.loss import mean_loss
 from tiny_llm.muon import muon_adamw
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
-from tiny_llm.processes import ONE_PROCESS
+from tiny_llm.processes import ONE_PROCESS, hold_run_folder
 
 
 @dataclass
@@ -87,6 +90,26 @@ class TrainConfig:
                              f"got {self.lr}, {self.min_lr}, {self.weight_decay}, {self.grad_clip}")
 
 
+# What a checkpoint fixes: the model's class and shape (the weights fit only these) and the
+# optimizer (its saved state fits only its own kind). --resume refuses other values.
+FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer")
+
+
+def check_resume_settings(cfg, saved, path):
+    """Raise if cfg changes a setting FIXED_ON_RESUME that the run saved in `path` holds,
+    rather than train one model while the log and checkpoint name another."""
+    changed = [f"--{name} {getattr(cfg, name)} (the run has {saved[name]})"
+               for name in FIXED_ON_RESUME if name in saved and getattr(cfg, name) != saved[name]]
+    if changed:
+        accepted = [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig)
+                    if f.name not in (*FIXED_ON_RESUME, "resume")]
+        raise ValueError(
+            f"--resume cannot change what the run in {path} fixed: {', '.join(changed)}. "
+            f"With --resume, leave out {', '.join('--' + n for n in FIXED_ON_RESUME)}; it "
+            f"accepts {', '.join(accepted)} and --sample-tokens. To train another model, start "
+            "a new run with another --out")
+
+
 def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps):
     """Learning rate for update number `step` (0-based): linear warmup, then cosine to min_lr.
     max_lr=1e-3, min_lr=1e-4, warmup 100, decay 1000: step 0 -> 1e-5, step 99 -> 1e-3,
@@ -137,6 +160,8 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     if ckpt is None and ckpt_path.exists():
         raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
                               "or pass another --out (or delete the folder) to start afresh")
+    if ckpt:
+        check_resume_settings(cfg, ckpt["train_config"], ckpt_path)
     seed_everything(cfg.seed)
     if ckpt:
         model = model_from_state(ckpt)  # the whole model, before step 16 shards it
@@ -205,7 +230,16 @@ def print_setup(cfg, meta, gpt, device, tokens_per_step, world_size):
 
 def train(cfg, parallel=ONE_PROCESS):
     """Train (or, with cfg.resume, continue) a GPT; return the last log record plus a summary.
-    Step 0's record holds the untrained losses; later ones the update's loss (val_loss at evals)."""
+    Step 0's record holds the untrained losses; later ones the update's loss (val_loss at evals).
+    The run holds a lock on its folder throughout: one run per folder, and a folder that cannot
+    be written is found before any work (rank 0 alone writes, so it alone holds the lock)."""
+    out = Path(cfg.out or RUNS_DIR / cfg.preset)
+    with hold_run_folder(out) if parallel.rank == 0 else nullcontext():
+        return train_in_folder(cfg, parallel)
+
+
+def train_in_folder(cfg, parallel):
+    """train(), once the run folder is ours."""
     data_dir = Path(cfg.data_dir)
     meta = ensure_data(data_dir)
     device = pick_device(cfg.device)
@@ -246,11 +280,41 @@ def train(cfg, parallel=ONE_PROCESS):
                 records[-1]["val_loss"] = estimate_loss(gpt, valid_data, cfg, device)
                 tqdm.write(eval_line(records[-1]), file=sys.stdout)
             if evaluate or stop.is_set():
-                save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records, parallel)
+                with explain_failed_save(ckpt_path, step, cfg):
+                    save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
+                             parallel)
             if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
                 break
     bar.close()
     return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.is_set()}
+
+
+@contextmanager
+def explain_failed_save(ckpt_path, step, cfg):
+    """Turn a save that fails (a full disk, a folder gone) into one clear error. Every file is
+    written to a temporary name and renamed when whole, so the last good save is still there."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        # torch.save reports a short write from its C++ zip writer as a RuntimeError
+        torch_write = isinstance(err, RuntimeError) and any(
+            s in str(err) for s in ("inline_container", "PytorchStreamWriter", "file write failed"))
+        if not (isinstance(err, OSError) or torch_write):
+            raise
+        full = torch_write or getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        why = "the disk is full" if full else (getattr(err, "strerror", None) or str(err))
+        kept = (f"{ckpt_path} still holds the previous save, whole" if ckpt_path.exists()
+                else "nothing was saved before")
+        fix = "Free some space" if full else "Fix that"
+        raise OSError(f"could not save step {step} in {ckpt_path.parent}: {why}. {kept}. {fix}, "
+                      f"then continue with: {resume_command(cfg)}") from None
+
+
+def resume_command(cfg):
+    """The command that continues this run. The checkpoint holds every setting, so its folder is
+    all --resume needs; without --out it would look in runs/<default preset>, another run."""
+    out = cfg.out or str(RUNS_DIR / cfg.preset)
+    return f"uv run python -m tiny_llm.train --resume --out {shlex.quote(out)}"
 
 
 def parse_args():
@@ -282,7 +346,7 @@ def main():
         result = train(cfg)
         if result["interrupted"]:
             raise SystemExit(f"stopped by Ctrl-C at step {result['step']}, saved "
-                             f"{result['checkpoint']}: continue with --resume")
+                             f"{result['checkpoint']}; continue with:\n  {resume_command(cfg)}")
         print(f"{'saved':<12} {result['checkpoint']} (step {result['step']})")
         print(f"{'time':<12} {result['time_s']:.1f} s, "
               f"{result['tokens'] / max(result['time_s'], 1e-9):,.0f} tokens/s with evaluations")
@@ -290,10 +354,11 @@ def main():
             story = story_from_checkpoint(result["checkpoint"], sample_tokens, cfg.seed,
                                           pick_device(cfg.device), cfg.data_dir)
             print(f"{'story':<12} {story}")
-    except (FileExistsError, FileNotFoundError, FloatingPointError, ValueError) as err:
+    except (OSError, FloatingPointError, ValueError) as err:  # OSError: files, folders, disks
         raise SystemExit(f"error: {err}") from None
     except KeyboardInterrupt:
-        raise SystemExit("interrupted outside the training loop: nothing new was saved") from None
+        raise SystemExit("interrupted at once: nothing new was saved (a checkpoint saved "
+                         "before, if any, is whole)") from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,359 @@
+"""What training, generation and scaling out promise when a run goes wrong, one test a promise.
+
+Each case was found by trying what learners do (two runs in one folder, a kill at the wrong
+moment, a full disk, a cut log, a long sample stopped with Ctrl-C). Nothing here waits or fills
+a disk for real: failures are simulated with monkeypatch, on runs of a few tiny steps.
+"""
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+import tiny_llm.checkpoint as checkpoint_module
+import tiny_llm.generate as generate_module
+import tiny_llm.processes as processes_module
+import tiny_llm.scale as scale_module
+import tiny_llm.train as train_module
+from tiny_llm.budget import fit_budget
+from tiny_llm.checkpoint import load_checkpoint, read_log, save_checkpoint
+from tiny_llm.evaluate import read_log as evaluate_read_log
+from tiny_llm.generate import complete, printable, stream_sample
+from tiny_llm.gpt import GPT, PRESETS
+from tiny_llm.processes import LOCK_NAME, FolderInUse, hold_run_folder
+from tiny_llm.scale import one_line_per_failure
+from tiny_llm.tokenize import load_tokenizer
+from tiny_llm.train import TrainConfig, train
+
+
+def config(data_dir, out, **changes):
+    """A run small enough to repeat in every test: 2 steps of 2 windows, saved at each."""
+    cfg = TrainConfig(preset="tiny", max_steps=2, batch_size=2, warmup_steps=1, eval_interval=1,
+                      eval_iters=1, data_dir=str(data_dir), out=str(out), device="cpu",
+                      time_budget=0)
+    return replace(cfg, **changes)
+
+
+def steps_in_log(out):
+    return [r["step"] for r in read_log(out / "log.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def saved_run(sample_data_dir, tmp_path_factory):
+    """A finished 2-step run; tests that change it work on a copy (copy_run)."""
+    out = tmp_path_factory.mktemp("saved") / "run"
+    train(config(sample_data_dir, out))
+    return out
+
+
+def copy_run(saved_run, tmp_path):
+    return shutil.copytree(saved_run, tmp_path / "run")
+
+
+def dead_pid():
+    """The PID of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# --- training ---
+
+@pytest.mark.parametrize("flag, value", [("preset", "small"), ("model", "modern"),
+                                         ("optimizer", "adamw"), ("dropout", 0.1)])
+def test_resume_refuses_a_setting_the_checkpoint_fixes(saved_run, sample_data_dir, flag, value):
+    before = (saved_run / "ckpt.pt").read_bytes()
+    cfg = config(sample_data_dir, saved_run, resume=True, max_steps=3, **{flag: value})
+    with pytest.raises(ValueError, match=rf"cannot change what the run in .* fixed: --{flag} "
+                                         rf"{value} \(the run has .*\)\. "
+                                         r".*it accepts --time-budget, --max-steps, --out,"):
+        train(cfg)
+    assert (saved_run / "ckpt.pt").read_bytes() == before  # nothing saved, least of all a lie
+
+
+def test_resume_on_the_command_line_names_the_flags_it_accepts(saved_run, sample_data_dir,
+                                                               monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["train", "--resume", "--out", str(saved_run), "--preset",
+                                      "small", "--max-steps", "3", "--sample-tokens", "0"])
+    with pytest.raises(SystemExit, match=r"--preset small \(the run has tiny\).*With --resume, "
+                                         r"leave out --model, --preset.*accepts --time-budget"):
+        train_module.main()
+    assert load_checkpoint(saved_run / "ckpt.pt")["train_config"]["preset"] == "tiny"
+
+
+def test_resume_refuses_another_vocabulary(saved_run, sample_data_dir, tmp_path):
+    ckpt = load_checkpoint(saved_run / "ckpt.pt")
+    other = {**ckpt, "tokenizer_sha256": "0" * 64,
+             "config": {**ckpt["config"], "vocab_size": ckpt["config"]["vocab_size"] + 1}}
+    save_checkpoint(tmp_path / "ckpt.pt", other)
+    with pytest.raises(ValueError, match="different tokenizer"):
+        train(config(sample_data_dir, tmp_path, resume=True, max_steps=3))
+
+
+def test_a_second_run_on_the_same_folder_is_refused_and_names_the_process(sample_data_dir,
+                                                                          tmp_path):
+    with hold_run_folder(tmp_path / "run"):  # as a run in this process would hold it
+        with pytest.raises(FolderInUse, match=rf"in use by process {os.getpid()}, another "
+                                              r"training run.*pass another --out"):
+            train(config(sample_data_dir, tmp_path / "run"))
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_the_lock_is_created_atomically_with_the_pid(tmp_path, monkeypatch):
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(processes_module.os, "open",
+                        lambda path, flags, *a: opened.append(flags) or real_open(path, flags, *a))
+    with hold_run_folder(tmp_path) as lock:
+        assert lock.read_text() == f"{os.getpid()}\n"
+    assert opened[0] & os.O_EXCL and opened[0] & os.O_CREAT
+    assert not lock.exists()
+
+
+def test_a_stale_lock_from_a_killed_run_is_taken_over(sample_data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    pid = dead_pid()
+    (out / LOCK_NAME).write_text(f"{pid}\n")
+    assert train(config(sample_data_dir, out))["step"] == 2
+    assert f"was left by process {pid}, which has ended" in capsys.readouterr().err
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_the_lock_is_held_for_the_run_and_removed_after_ctrl_c(sample_data_dir, tmp_path,
+                                                               monkeypatch):
+    out, seen = tmp_path / "run", []
+
+    def second_ctrl_c(*args, **kwargs):  # the loop's Ctrl-C handler is gone: it interrupts
+        seen.append((out / LOCK_NAME).read_text())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "update_weights", second_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(sample_data_dir, out))
+    assert seen == [f"{os.getpid()}\n"]
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_a_read_only_out_is_found_before_any_work(sample_data_dir, tmp_path, monkeypatch):
+    real_open = os.open
+
+    def read_only(path, flags, *args):  # the course's tests run as root: chmod would not do
+        if str(path).startswith(str(tmp_path)) and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(processes_module.os, "open", read_only)
+    monkeypatch.setattr(train_module, "ensure_data", lambda *a: pytest.fail("data was read"))
+    with pytest.raises(PermissionError, match=r"cannot write to the run folder .*run \(Read-only"
+                                              r" file system\).*pass an --out you can write to"):
+        train(config(sample_data_dir, tmp_path / "run"))
+
+
+def test_a_run_that_cannot_start_leaves_no_folder_behind(sample_data_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        train(config(sample_data_dir, tmp_path / "typo", resume=True))
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_budget_shorter_than_the_warmup_says_what_happens(capsys):
+    cfg = TrainConfig(time_budget=1, warmup_steps=100, max_steps=0)
+    records = [{"step": 0, "time_s": 0.0, "eval_s": 0.2}]
+    records += [{"step": s, "time_s": 0.05 * s} for s in range(1, 101)]  # 5 s for the warmup
+    assert fit_budget(cfg, 100, records).max_steps == 100
+    assert ("1 s ends the run inside its 100-step warmup: it stops at step 100, at 100% of the "
+            "peak learning rate, with no decay. Give a longer --time-budget or fewer "
+            "--warmup-steps") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("failure", [
+    OSError(errno.ENOSPC, "No space left on device"),
+    RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1536 vs 1024"),
+])
+def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(sample_data_dir, tmp_path,
+                                                                monkeypatch, failure):
+    out, real_save, calls = tmp_path / "run", torch.save, []
+
+    def save_then_fill_the_disk(state, path):
+        calls.append(path)
+        if len(calls) == 1:
+            return real_save(state, path)
+        path.write_bytes(b"PK\x03\x04 half a checkpoint")
+        raise failure
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", save_then_fill_the_disk)
+    with pytest.raises(OSError, match=r"could not save step 2 in .*run: the disk is full\. "
+                                      r".*ckpt.pt still holds the previous save, whole\. Free "
+                                      r"some space, then continue with: uv run python -m "
+                                      r"tiny_llm.train --resume --out .*run"):
+        train(config(sample_data_dir, out))
+    assert load_checkpoint(out / "ckpt.pt")["step"] == 1
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "log.jsonl"]  # no half files
+
+
+class Killed(BaseException):
+    """A kill -9 as a test can have it: nothing after it runs (except cleanups)."""
+
+
+def test_a_kill_between_the_log_and_checkpoint_writes_loses_no_record(sample_data_dir,
+                                                                      tmp_path, monkeypatch):
+    out, real_atomic_path, writes = tmp_path / "run", checkpoint_module.atomic_path, []
+
+    def killed_at_the_fourth_write(path):  # save 1 writes 2 files; save 2's second write dies
+        writes.append(path)
+        if len(writes) == 4:
+            raise Killed
+        return real_atomic_path(path)
+
+    monkeypatch.setattr(checkpoint_module, "atomic_path", killed_at_the_fourth_write)
+    with pytest.raises(Killed):
+        train(config(sample_data_dir, out, max_steps=3, lr_decay_steps=3))
+    monkeypatch.undo()
+    train(config(sample_data_dir, out, max_steps=3, lr_decay_steps=3, resume=True))
+    assert steps_in_log(out) == [0, 1, 2, 3]  # step 2's record was not lost, nor doubled
+
+
+def test_resume_skips_a_cut_last_line_of_the_log_with_a_notice(saved_run, sample_data_dir,
+                                                                tmp_path, capsys):
+    out = copy_run(saved_run, tmp_path)
+    log = out / "log.jsonl"
+    log.write_text(log.read_text()[:-20])  # the last record cut short, as a copy stopped midway
+    train(config(sample_data_dir, out, resume=True, max_steps=3))
+    assert f"the last line of {log} is cut short" in capsys.readouterr().err
+    assert steps_in_log(out) == [0, 1, 2, 3]  # the cut record came back from the checkpoint
+
+
+def test_evaluate_reads_a_cut_log_and_names_a_broken_one(saved_run, tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    lines = (saved_run / "log.jsonl").read_text().splitlines()
+    log.write_text("\n".join(lines)[:-20])
+    assert [r["step"] for r in evaluate_read_log(log)] == [0, 1]
+    assert f"the last line of {log} is cut short" in capsys.readouterr().err
+    log.write_text("\n".join([lines[0], lines[1][:30], lines[2]]))
+    with pytest.raises(ValueError, match=r"log.jsonl, line 2, is not a JSON record .*the "
+                                         r"checkpoint beside it is not affected"):
+        evaluate_read_log(log)
+
+
+def test_ctrl_c_prints_the_whole_command_that_resumes_the_run(sample_data_dir, tmp_path,
+                                                              monkeypatch):
+    real_update = train_module.update_weights
+
+    def update_then_ctrl_c(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # the loop finishes this step, saves, and stops
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "update_weights", update_then_ctrl_c)
+    monkeypatch.chdir(tmp_path)  # --preset tiny without --out trains in runs/tiny
+    monkeypatch.setattr(sys, "argv", ["train", "--preset", "tiny", "--max-steps", "3",
+                                      "--batch-size", "2", "--eval-iters", "1", "--device", "cpu",
+                                      "--data-dir", str(sample_data_dir)])
+    with pytest.raises(SystemExit, match=r"stopped by Ctrl-C at step 1, .*continue with:\n  "
+                                         r"uv run python -m tiny_llm.train --resume --out "
+                                         r"runs/tiny$"):
+        train_module.main()
+
+
+# --- generation ---
+
+@pytest.fixture(scope="module")
+def writer(sample_data_dir):
+    """An untrained tiny GPT with the sample corpus's tokenizer: it writes byte soup, which
+    splits characters across tokens, the hard case for printing while generating."""
+    tokenizer = load_tokenizer(sample_data_dir / "tokenizer.json")
+    torch.manual_seed(0)
+    return GPT(replace(PRESETS["tiny"], vocab_size=tokenizer.get_vocab_size())).eval(), tokenizer
+
+
+def test_a_sample_is_printed_while_it_is_made(writer, monkeypatch):
+    model, tokenizer = writer
+    made, printed = [], []
+    real_generate = generate_module.generate
+
+    def counted(*args, **kwargs):
+        made.append(1)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(generate_module, "generate", counted)
+    stream_sample(model, tokenizer, "Once", 40, lambda t: printed.append((len(made), t)),
+                  torch.Generator().manual_seed(3), temperature=2.0)
+    made_before = [n for n, _ in printed]  # how many tokens existed at each write
+    assert made_before[0] == 0 and made_before[1] <= 3  # the prompt first, then token by token
+    assert len(printed) > 20  # (a token holding half a character waits for the other half)
+    monkeypatch.undo()
+    whole = complete(model, tokenizer, "Once", 40, torch.Generator().manual_seed(3),
+                     temperature=2.0)
+    assert "".join(t for _, t in printed) == printable(whole)  # the same text, piece by piece
+
+
+def test_ctrl_c_keeps_what_was_made_and_exits_130(sample_data_dir, monkeypatch, capsys):
+    real_generate, made = generate_module.generate, []
+
+    def ctrl_c_at_the_sixth_token(*args, **kwargs):
+        made.append(1)
+        if len(made) == 6:
+            raise KeyboardInterrupt
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(generate_module, "generate", ctrl_c_at_the_sixth_token)
+    monkeypatch.setattr(sys, "argv", ["generate", "--max-new-tokens", "1000", "--temperature",
+                                      "0", "--data-dir", str(sample_data_dir)])
+    with pytest.raises(SystemExit) as stopped:
+        generate_module.main()
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 130
+    assert "sample 1     Once upon a time time time time time time\n" in out  # 5 tokens kept
+    assert "stopped by Ctrl-C" in err and "Traceback" not in err
+
+
+def test_control_characters_in_a_prompt_are_escaped_when_echoed(sample_data_dir, monkeypatch,
+                                                                capsys):
+    monkeypatch.setattr(sys, "argv", ["generate", "--prompt", "Hi\x1b[2J\x07 there\r\n",
+                                      "--max-new-tokens", "0", "--data-dir",
+                                      str(sample_data_dir)])
+    generate_module.main()
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+    assert "sample 1     Hi\\x1b[2J\\x07 there\\r\n" in out
+
+
+# --- scale ---
+
+def test_a_failing_rank_prints_one_line_naming_it_first(capsys):
+    with pytest.raises(SystemExit) as stopped, one_line_per_failure(1):
+        raise PermissionError("cannot write to the run folder /ro/run (Read-only file system)")
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err == ("rank 1: error: cannot write to the run folder /ro/run "
+                                       "(Read-only file system)\n")
+
+
+def test_a_rank_that_lost_a_failed_peer_says_so_in_one_line(capsys):
+    with pytest.raises(SystemExit), one_line_per_failure(0):
+        raise RuntimeError("[../gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+                           "[127.0.0.1]:29500. This is typically caused by a remote worker "
+                           "crashing")
+    assert capsys.readouterr().err == ("rank 0: stopped: another rank has failed (its error is "
+                                       "above)\n")
+
+
+def test_an_unexpected_error_on_a_rank_prints_its_line_then_its_traceback(capsys):
+    with pytest.raises(KeyError), one_line_per_failure(1):
+        raise KeyError("embed.tok_emb.weight")
+    assert capsys.readouterr().err == "rank 1: KeyError: 'embed.tok_emb.weight'\n"
+
+
+def test_the_scale_command_prints_a_ranks_error_as_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(sys, "argv", ["scale", "--resume", "--out", "/no/such/run"])
+    with pytest.raises(SystemExit):
+        scale_module.main.__wrapped__()  # without @record, whose fault handler needs a file
+    err = capsys.readouterr().err
+    assert err.startswith("rank 1: error: no checkpoint at /no/such/run/ckpt.pt")
+    assert err.count("\n") == 1
