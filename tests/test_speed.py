@@ -92,7 +92,7 @@ def test_check_rejects_bad_flags(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["speed", "--steps", "0"])
     with pytest.raises(SystemExit):
         speed.main()
-    assert "--batch-size and --steps must be >= 1" in capsys.readouterr().err
+    assert "--batch-size, --steps and --warmup must be >= 1" in capsys.readouterr().err
     monkeypatch.setattr(sys, "argv", ["speed", "--device", "tpu"])
     with pytest.raises(SystemExit):
         speed.main()

@@ -298,8 +298,9 @@ def main():
     dtypes = ("float32", "bfloat16") + (("float16",) if device.type == "cuda" else ())
     peaks = {dtype: peak_gflops(device, dtype) for dtype in dtypes}
     c, B = config, args.batch_size
-    print(f"{'device':<16} {device.type}: {device_name(device)}, {torch.get_num_threads()} "
-          f"threads ({os.cpu_count()} cores), torch {torch.__version__}")
+    threads = torch.get_num_threads()
+    print(f"{'device':<16} {device.type}: {device_name(device)}, {threads} "
+          f"thread{'s' if threads > 1 else ''} ({os.cpu_count()} cores), torch {torch.__version__}")
     print(f"{'model':<16} {args.preset}: {n_matmul:,} parameters in matmuls (N)")
     print(f"{'batch':<16} {B} x {c.max_seq_len} = {B * c.max_seq_len:,} tokens per step")
     print(f"{'FLOPs/token':<16} 6·N + 12·L·T·d = {6 * n_matmul:,} + "
