@@ -8,6 +8,7 @@ decision the course makes from it. What the hardware itself would do has not run
 import json
 from dataclasses import replace
 
+import pytest
 import torch
 
 from tiny_llm import device as device_module
@@ -278,3 +279,13 @@ def test_steps_that_slow_down_mid_run_are_noticed_once():
     warnings = watch_steps(1, True, steps)
     assert len(warnings) == 1 and warnings[0].startswith("slow: steps now take 5.0 times")
     assert watch_steps(1, False, [(1.0, 0.0)] + [(0.1, 0.0)] * 10 + [(0.2, 0.0)] * 10) == []
+
+
+def test_speed_reports_a_setting_a_gpu_cannot_run_instead_of_crashing(monkeypatch):
+    def no_kernel(*args, **kwargs):
+        raise RuntimeError("fused AdamW is not supported on this device")
+
+    monkeypatch.setattr(speed, "measure", no_kernel)
+    assert speed.measure_if_supported(PRESETS["tiny"], speed.Setting(), 2, 1, 1, MPS) is None
+    with pytest.raises(RuntimeError, match="fused AdamW"):  # on a CPU it is a bug: raised
+        speed.measure_if_supported(PRESETS["tiny"], speed.Setting(), 2, 1, 1, CPU)

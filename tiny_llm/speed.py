@@ -145,6 +145,17 @@ def measure(config, setting, batch_size, steps=3, warmup=2, device="cpu"):
     return result | {f"{part}_ms": 1000 * s for part, s in best.items()}
 
 
+def measure_if_supported(config, setting, batch_size, steps, warmup, device):
+    """measure(), or None where a GPU has no kernel for the setting (fused AdamW on an older
+    MPS, say). On a CPU every setting runs, so an error there is a bug and is raised."""
+    try:
+        return measure(config, setting, batch_size, steps, warmup, device=device)
+    except (RuntimeError, NotImplementedError):
+        if device.type == "cpu":
+            raise
+        return None
+
+
 def peak_gflops(device, dtype="float32"):
     """The device's matmul speed in `dtype`, GFLOP/s: the best of three timings of a 1024 matmul,
     or the first alone where one matmul takes over 0.1 s (bfloat16 emulated on a CPU: 3 s).
@@ -316,7 +327,7 @@ def main():
             continue
         one = is_emulated(peaks, s.dtype)  # no hardware: a step takes seconds, so one of each
         steps, warmup = (1, 1) if one else (args.steps, args.warmup)
-        rows.append((s.name, s, measure(c, s, B, steps, warmup, device=device)))
+        rows.append((s.name, s, measure_if_supported(c, s, B, steps, warmup, device)))
     for batch in (1, 4):  # the batch shape: smaller matmuls, the same work per token
         rows.append((f"float32, batch {batch}", Setting(),
                      measure(c, Setting(), batch, args.steps, args.warmup, device=device)))
