@@ -86,13 +86,18 @@ def test_check_prints_a_row_per_setting(monkeypatch, capsys):
     for setting in SETTINGS:
         assert f"\n{setting.name} " in out
     assert "FLOPs/token      6·N + 12·L·T·d = 2,162,688 + 98,304 = 2,260,992" in out
+    rows = out.split("\nsetting ")[1].splitlines()[1:]
+    mfus = [row.split()[-2] for row in rows]  # a percentage, "emulated" or "n/a"
+    assert all(m in ("emulated", "n/a") or 0 < float(m.rstrip("%")) <= 100 for m in mfus), mfus
+    losses = {row.split()[-1] for row in rows[:4]}  # float32 settings: the same arithmetic
+    assert len(losses) == 1, rows
 
 
 def test_check_rejects_bad_flags(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["speed", "--steps", "0"])
     with pytest.raises(SystemExit):
         speed.main()
-    assert "--batch-size and --steps must be >= 1" in capsys.readouterr().err
+    assert "--batch-size, --steps and --warmup must be >= 1" in capsys.readouterr().err
     monkeypatch.setattr(sys, "argv", ["speed", "--device", "tpu"])
     with pytest.raises(SystemExit):
         speed.main()

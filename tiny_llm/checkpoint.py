@@ -157,7 +157,7 @@ def model_from_state(ckpt):
 
 
 def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
-             parallel=ONE_PROCESS):
+             parallel=ONE_PROCESS, scaler=None):
     """Write log.jsonl, then ckpt.pt, each atomically. A run killed between the two leaves a
     log ahead of the weights, which resume_run trims; the other order would lose records."""
     model_state, optimizer_state = parallel.state_dicts(model, optimizer)  # every rank takes part
@@ -171,6 +171,7 @@ def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
         "tokenizer_sha256": tokenizer_sha256(Path(cfg.data_dir) / "tokenizer.json"),
         "data_source": meta["source"], "optimizer": optimizer_state,
         "rng": rng_state(data_gen), "train_config": asdict(cfg),
+        "scaler": scaler.state_dict() if scaler else {},  # float16's loss scale; {}: none
         # batches start at random offsets, so the data generator's state (in "rng") is the
         # position in the data; these counts say how much the run has read
         "data_position": {"batches": step * cfg.grad_accum, "tokens": records[-1]["tokens"]},

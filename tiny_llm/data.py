@@ -340,6 +340,9 @@ def get_batch(data, batch_size, seq_len, device=None, generator=None):
     rows = starts.numpy()[:, None] + np.arange(seq_len + 1)  # (B, T+1) positions to read
     window = torch.from_numpy(data[rows].astype(np.int64))  # reads B·(T+1) tokens from disk
     x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()
+    if device is not None and torch.device(device).type == "cuda":  # page-locked memory: the
+        x, y = x.pin_memory(), y.pin_memory()  # copy runs beside the GPU's work, without a wait
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     return (x, y) if device is None else (x.to(device), y.to(device))
 
 

@@ -9,9 +9,11 @@ Run the check:  uv run python -m tiny_llm.device
 
 import argparse
 import ctypes
+import inspect
 import os
 import platform
 import random
+import statistics
 import time
 from contextlib import contextmanager, nullcontext
 
@@ -88,17 +90,61 @@ def kept_memory(enabled=True):
         libc.malloc_trim(0)
 
 
-def autocast(device, dtype):
-    """A context that runs matmuls in bfloat16 (weights stay float32), or does nothing.
+def has_bf16_hardware(device):
+    """Whether `device` multiplies bfloat16 matrices in hardware. On CUDA that means compute
+    capability 8.0 or later (A100, H100, RTX 30xx and newer); torch.cuda.is_bf16_supported()
+    also says yes to older GPUs (T4, V100) that only emulate it, unless asked not to."""
+    if device.type != "cuda":
+        return False  # CPUs differ chip by chip (step 13 measures); MPS: see resolve_dtype
+    if "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return torch.cuda.get_device_capability(device) >= (8, 0)  # a PyTorch without the flag
 
-    dtype "float32" or "bfloat16"; "auto" picks bfloat16 on CUDA GPUs that have it. Steps 10 and
-    13 use it; on CPUs without AMX bfloat16 is slower than float32 (step 13 measures it).
+
+def resolve_dtype(device, dtype):
+    """The dtype matmuls run in: "float32", "bfloat16" or "float16"; "auto" picks by device:
+
+    CUDA with bfloat16 hardware -> bfloat16; CUDA without (T4, V100) -> float16, which needs a
+    gradient scaler (grad_scaler); MPS and CPU -> float32. On MPS float32 works on every Mac and
+    PyTorch version, and half-precision autocast there has not run in this course; on a CPU
+    bfloat16 is faster only on some chips (step 13 measures it).
     """
-    if dtype == "auto":  # bfloat16 pays off on GPUs built for it; on a CPU measure first
-        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else ""
-    if dtype != "bfloat16":
+    if dtype != "auto":
+        return dtype
+    if device.type == "cuda":
+        return "bfloat16" if has_bf16_hardware(device) else "float16"
+    return "float32"
+
+
+def autocast(device, dtype):
+    """A context that runs matmuls in bfloat16 or float16 (weights stay float32), or does nothing.
+
+    dtype "float32", "bfloat16", "float16" or "auto" (resolve_dtype). Steps 10 and 13 use it; on
+    CPUs without AMX bfloat16 is slower than float32 (step 13 measures it).
+    """
+    dtype = resolve_dtype(device, dtype)
+    if dtype == "float32":
         return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+
+
+def grad_scaler(device, dtype):
+    """A gradient scaler for float16 autocast; for any other dtype a disabled one (a no-op).
+
+    float16 has 5 exponent bits: gradients below about 6e-8 round to zero. The scaler multiplies
+    the loss by a large factor before backward, divides the gradients by it before the step,
+    skips a step whose gradients overflowed, and adapts the factor. bfloat16 has float32's
+    range and needs none of it.
+    """
+    enabled = resolve_dtype(device, dtype) == "float16"
+    return torch.amp.GradScaler(device.type, enabled=enabled)
+
+
+def fast_float32_matmuls(device):
+    """On CUDA, let float32 matmuls use TF32 tensor cores (inputs rounded to 10 mantissa bits,
+    sums in float32), several times faster on A100 and later; CPUs are left as they are."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
 
 
 def matmul_gflops(device, n=512, dtype=torch.float32, repeats=10):
@@ -114,6 +160,73 @@ def matmul_gflops(device, n=512, dtype=torch.float32, repeats=10):
     synchronize(device)
     seconds = (time.perf_counter() - start) / repeats
     return 2 * n**3 / seconds / 1e9
+
+
+def usable_cores():
+    """The CPU cores this process may run on: its affinity mask where the system has one
+    (Linux; a container or `taskset` can narrow it), else every core of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def pick_threads():
+    """Give PyTorch one thread per usable core, unless OMP_NUM_THREADS already chose a number.
+    Returns (threads, why) for the run to print."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads(), "OMP_NUM_THREADS"
+    cores = usable_cores()
+    torch.set_num_threads(cores)
+    return cores, f"{cores} usable cores"
+
+
+BUSY_ADVICE = ("Try OMP_NUM_THREADS=1 (or the number of cores that are really free), or train "
+               "when the machine is quieter; docs/troubleshooting.md, 'A busy machine'")
+
+
+class BusyWatch:
+    """Notices, early in a run, a machine much slower than the run's own first steps promised.
+
+    Call step() after every training step; it returns a warning once, else None. Two signs,
+    both read from this run's clocks: on a CPU, the process got under half the CPU time its
+    threads ask for (other programs hold the cores; PyTorch's threads wait for each other at
+    every operation, so two threads on a shared pair of cores can be ten times slower than one);
+    and, anywhere, recent steps taking `slower` times the median of the first ones. It only
+    prints: the step count a time budget fixes (budget.py) is the same with or without it.
+    """
+
+    def __init__(self, threads, on_cpu, first=5, slower=3.0,
+                 wall=time.perf_counter, cpu=time.process_time):
+        self.threads, self.on_cpu, self.first, self.slower = threads, on_cpu, first, slower
+        self.wall, self.cpu = wall, cpu
+        self.last = (wall(), cpu())
+        self.steps = []  # (wall seconds, CPU seconds) of each step
+        self.warned = False
+
+    def step(self):
+        now = (self.wall(), self.cpu())
+        self.steps.append((now[0] - self.last[0], now[1] - self.last[1]))
+        self.last = now
+        if self.warned or len(self.steps) <= self.first:
+            return None
+        message = self._diagnose()
+        self.warned = message is not None
+        return message
+
+    def _diagnose(self):
+        early = self.steps[1 : self.first + 1]  # the first step pays for allocation: left out
+        if len(self.steps) == self.first + 1 and self.on_cpu and self.threads > 1:
+            share = sum(c for _, c in early) / max(sum(w for w, _ in early), 1e-9)
+            if share < self.threads / 2:  # CPU seconds per second: the cores it really got
+                return (f"busy: this run got {share:.1f} of the {self.threads} cores its threads "
+                        f"ask for; other programs hold the rest. {BUSY_ADVICE}")
+        baseline = statistics.median(w for w, _ in early)
+        recent = statistics.median(w for w, _ in self.steps[-3:])
+        if recent > self.slower * baseline:
+            return (f"slow: steps now take {recent / baseline:.1f} times as long as the first "
+                    f"ones ({1000 * recent:.0f} ms against {1000 * baseline:.0f} ms); something "
+                    f"else is using this machine. {BUSY_ADVICE}")
+        return None
 
 
 def main():

@@ -34,16 +34,20 @@ def attend(q, k, v, dropout_p=0.0, bias=None):
     where a query must not look; it replaces the built-in causal mask.
     Hkv < H (grouped-query attention, step 15): each key/value head serves H // Hkv query heads.
     """
-    if k.shape[1] != q.shape[1]:
-        groups = q.shape[1] // k.shape[1]  # (B, Hkv, Tk, hs) -> (B, H, Tk, hs): copies per group
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    gqa = {}
+    if k.shape[1] != q.shape[1]:  # each key/value head serves q.shape[1] // k.shape[1] queries
+        if "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or ""):  # PyTorch 2.5 and on
+            gqa = {"enable_gqa": True}  # the kernel reads each head for its group: no copies
+        else:  # (B, Hkv, Tk, hs) -> (B, H, Tk, hs): a copy of each head per query head
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if bias is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, **gqa)
     Tq, Tk = q.shape[2], k.shape[2]
     if Tq != Tk and Tq != 1:  # is_causal aligns the mask top-left: right only for these two
         raise ValueError(f"attend: {Tq} queries after {Tk - Tq} cached keys; only a prefill of "
                          "an empty cache (Tq == Tk) or one new token (Tq == 1) is supported")
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=Tq > 1)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=Tq > 1, **gqa)
 
 
 class MultiHeadAttention(nn.Module):

@@ -92,6 +92,7 @@ class RotaryEmbedding(nn.Module):
                              f"build RotaryEmbedding(head_size, {start + T}); the angles are a "
                              "formula of t")
         sin, cos = self.sin[start : start + T], self.cos[start : start + T]  # (T, head_size/2)
+        sin, cos = sin.to(x.dtype), cos.to(x.dtype)  # bfloat16 q, k under autocast stay so
         x_even, x_odd = x[..., 0::2], x[..., 1::2]  # the two coordinates of every pair
         turned = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return turned.flatten(-2)  # (..., T, head_size/2, 2) -> (..., T, head_size), pairs in place

@@ -14,6 +14,7 @@ Add --profile for PyTorch's table of the operators a step spends its time in.
 import argparse
 import os
 import platform
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import torch.nn as nn
 
 from tiny_llm.device import (  # noqa: F401 (kept_memory: step 10 uses it, step 13 explains it)
     autocast,
+    fast_float32_matmuls,
     kept_memory,
     matmul_gflops,
     pick_device,
@@ -37,7 +39,7 @@ class Setting:
     """One way to run the same training step; the default is what step 10 does on a CPU."""
 
     name: str = "float32"
-    dtype: str = "float32"  # or "bfloat16": matmuls under autocast, weights stay float32
+    dtype: str = "float32"  # or "bfloat16", "float16": matmuls under autocast, weights float32
     sdpa: bool = True  # False: step 06's explicit attention (scores, mask, softmax)
     adamw: str = "for-loop"  # "foreach" or "fused": the same update in fewer, bigger kernels;
     # "muon": step 10's MuonAdamW, the main job's optimizer (Muon for the matrices in the blocks)
@@ -55,6 +57,7 @@ SETTINGS = (
     Setting("fused AdamW, kept memory", adamw="fused", keep_memory=True),
 )
 COMPILED = Setting("compiled, fused, kept", adamw="fused", keep_memory=True, compile=True)
+HALF = Setting("float16 autocast", dtype="float16")  # timed on CUDA only: T4 and V100 have no bf16
 
 
 def matmul_params(model):
@@ -121,7 +124,8 @@ def measure(config, setting, batch_size, steps=3, warmup=2, device="cpu"):
 
     Other programs can only make a step slower, never faster, so the fastest step is the
     best estimate of what the machine does. Returns {"tokens_per_s", "ms_per_step",
-    "forward_ms", "backward_ms", "optimizer_ms"} of that step.
+    "forward_ms", "backward_ms", "optimizer_ms"} of that step, and the last step's "loss": the
+    same seed and batch for every setting, so settings that do the same math show the same loss.
     """
     device = torch.device(device)
     gen = torch.Generator().manual_seed(0)
@@ -133,19 +137,34 @@ def measure(config, setting, batch_size, steps=3, warmup=2, device="cpu"):
         for _ in range(warmup):  # the first steps allocate memory (and compile, if asked)
             train_step(forward, optimizer, setting, x, y, device)
         for clock in clocks:
-            train_step(forward, optimizer, setting, x, y, device, clock)
+            loss = train_step(forward, optimizer, setting, x, y, device, clock)
     best = min(clocks, key=lambda clock: sum(clock.values()))
     seconds = sum(best.values())
     result = {"tokens_per_s": batch_size * config.max_seq_len / seconds,
-              "ms_per_step": 1000 * seconds}
+              "ms_per_step": 1000 * seconds, "loss": loss.item()}
     return result | {f"{part}_ms": 1000 * s for part, s in best.items()}
+
+
+def measure_if_supported(config, setting, batch_size, steps, warmup, device):
+    """measure(), or None where a GPU has no kernel for the setting (fused AdamW on an older
+    MPS, say). On a CPU every setting runs, so an error there is a bug and is raised."""
+    try:
+        return measure(config, setting, batch_size, steps, warmup, device=device)
+    except (RuntimeError, NotImplementedError):
+        if device.type == "cpu":
+            raise
+        return None
 
 
 def peak_gflops(device, dtype="float32"):
     """The device's matmul speed in `dtype`, GFLOP/s: the best of three timings of a 1024 matmul,
-    or the first alone where one matmul takes over 0.1 s (bfloat16 emulated on a CPU: 3 s)."""
+    or the first alone where one matmul takes over 0.1 s (bfloat16 emulated on a CPU: 3 s).
+    None where the device cannot multiply in `dtype` (bfloat16 on MPS before macOS 14)."""
     kind = getattr(torch, dtype)
-    first = matmul_gflops(device, n=1024, dtype=kind, repeats=1)
+    try:
+        first = matmul_gflops(device, n=1024, dtype=kind, repeats=1)
+    except (RuntimeError, TypeError):  # PyTorch says "not supported" with these
+        return None
     if 2 * 1024**3 / (first * 1e9) > 0.1:  # slow enough that one timing is precise
         return first
     return max(matmul_gflops(device, n=1024, dtype=kind, repeats=5) for _ in range(3))
@@ -154,6 +173,22 @@ def peak_gflops(device, dtype="float32"):
 def mfu(tokens_per_s, flops, peak):
     """Model FLOPs utilisation: tokens/s · FLOPs per token ÷ peak FLOP/s (peak in GFLOP/s)."""
     return tokens_per_s * flops / (peak * 1e9)
+
+
+def is_emulated(peaks, dtype):
+    """A 16-bit dtype whose matmul peak is under a quarter of float32's has no hardware here:
+    the 1024 matmul takes a slow generic path, while a training step's smaller matmuls may
+    convert to float32 and run faster than that peak. Its MFU would mean nothing."""
+    return dtype != "float32" and peaks[dtype] is not None and peaks[dtype] < peaks["float32"] / 4
+
+
+def mfu_text(tokens_per_s, flops, peaks, dtype):
+    """MFU as the table prints it: a percentage, "emulated", or "n/a" over 100%, which only a
+    wrong peak gives (timed while the machine was busy): a step cannot beat its best matmul."""
+    if is_emulated(peaks, dtype):
+        return "emulated"
+    value = mfu(tokens_per_s, flops, peaks[dtype])
+    return f"{100 * value:.1f}%" if value <= 1 else "n/a"
 
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "scaled_dot_product", "gemm", "flash")
@@ -193,7 +228,11 @@ def graph_breaks(config, batch_size=16):
 
 
 def cpu_name():
-    """The CPU's model name, from /proc/cpuinfo where there is one."""
+    """The CPU's model name, from /proc/cpuinfo (Linux) or sysctl (macOS: "Apple M2")."""
+    if platform.system() == "Darwin":
+        found = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                               text=True, check=False)
+        return found.stdout.strip() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             names = (line.split(":", 1)[1] for line in f if line.startswith("model name"))
@@ -202,14 +241,37 @@ def cpu_name():
         return platform.processor() or platform.machine()
 
 
+def device_name(device):
+    """What the device is: the GPU's name on CUDA, the chip's on a Mac (MPS) or a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"Apple GPU of {cpu_name()}"
+    return cpu_name()
+
+
+def peak_text(peaks, dtype):
+    """One dtype's peak as the check prints it: "float32 128 GFLOP/s", "bfloat16 0.4 GFLOP/s
+    (emulated)", or "bfloat16 not supported" (peaks[dtype] None)."""
+    peak = peaks[dtype]
+    if peak is None:
+        return f"{dtype} not supported"
+    text = f"{dtype} {peak:,.0f} GFLOP/s" if peak >= 10 else f"{dtype} {peak:.1f} GFLOP/s"
+    return text + (" (emulated)" if is_emulated(peaks, dtype) else "")
+
+
 def print_table(rows, flops, peaks):
-    """rows: [(label, setting, result)]; one aligned line each with tokens/s, parts and MFU."""
+    """rows: [(label, setting, result)]; one aligned line each with tokens/s, parts, MFU and the
+    loss of the setting's last step (result None: the device could not run the setting)."""
     print(f"{'setting':<24} {'tokens/s':>9} {'forward':>8} {'backward':>9} {'optimizer':>10} "
-          f"{'MFU':>6}")
+          f"{'MFU':>8} {'loss':>7}")
     for label, setting, r in rows:
+        if r is None:
+            print(f"{label:<24} not supported on this device")
+            continue
         print(f"{label:<24} {r['tokens_per_s']:>9,.0f} {r['forward_ms']:>6.0f}ms "
               f"{r['backward_ms']:>7.0f}ms {r['optimizer_ms']:>8.1f}ms "
-              f"{100 * mfu(r['tokens_per_s'], flops, peaks[setting.dtype]):>5.1f}%")
+              f"{mfu_text(r['tokens_per_s'], flops, peaks, setting.dtype):>8} {r['loss']:>7.4f}")
 
 
 def main():
@@ -217,14 +279,16 @@ def main():
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     parser.add_argument("--batch-size", type=int, default=16, help="windows per step, as step 10")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per setting")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (slow)")
     parser.add_argument("--profile", action="store_true", help="print the profiler's table")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     parser.add_argument("--graph-breaks", action="store_true",
                         help="only count the graph breaks torch.compile meets in the forward")
     args = parser.parse_args()
-    if args.batch_size < 1 or args.steps < 1:
-        parser.error(f"--batch-size and --steps must be >= 1, got {args.batch_size}, {args.steps}")
+    if min(args.batch_size, args.steps, args.warmup) < 1:
+        parser.error(f"--batch-size, --steps and --warmup must be >= 1, got {args.batch_size}, "
+                     f"{args.steps}, {args.warmup}")
     try:
         device = pick_device(args.device)
     except ValueError as err:
@@ -239,28 +303,34 @@ def main():
         for reason in found.break_reasons:
             print(f"{'break':<16} {reason.reason}")
         return
+    fast_float32_matmuls(device)  # CUDA: float32 matmuls on TF32 tensor cores, as step 10 does
     n_matmul = matmul_params(GPT(config))
     flops = flops_per_token(config, n_matmul)
-    peaks = {dtype: peak_gflops(device, dtype) for dtype in ("float32", "bfloat16")}
+    dtypes = ("float32", "bfloat16") + (("float16",) if device.type == "cuda" else ())
+    peaks = {dtype: peak_gflops(device, dtype) for dtype in dtypes}
     c, B = config, args.batch_size
-    where = cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
-    print(f"{'device':<16} {device.type}: {where}, {torch.get_num_threads()} threads "
-          f"({os.cpu_count()} cores), torch {torch.__version__}")
+    threads = torch.get_num_threads()
+    print(f"{'device':<16} {device.type}: {device_name(device)}, {threads} "
+          f"thread{'s' if threads > 1 else ''} ({os.cpu_count()} cores), torch {torch.__version__}")
     print(f"{'model':<16} {args.preset}: {n_matmul:,} parameters in matmuls (N)")
     print(f"{'batch':<16} {B} x {c.max_seq_len} = {B * c.max_seq_len:,} tokens per step")
     print(f"{'FLOPs/token':<16} 6·N + 12·L·T·d = {6 * n_matmul:,} + "
           f"{12 * c.n_layers * c.max_seq_len * c.d_model:,} = {flops:,}")
-    print(f"{'matmul peak':<16} float32 {peaks['float32']:,.0f} GFLOP/s, "
-          f"bfloat16 {peaks['bfloat16']:,.0f} GFLOP/s")
+    print(f"{'matmul peak':<16} {', '.join(peak_text(peaks, dtype) for dtype in peaks)}")
     print()
-    settings = SETTINGS + ((COMPILED,) if args.compile else ())
-    emulated = peaks["bfloat16"] < peaks["float32"] / 4  # no bf16 hardware: seconds a step
-    rows = [(s.name, s, measure(c, s, B, 1, warmup=1, device=device) if emulated and
-             s.dtype == "bfloat16" else measure(c, s, B, args.steps, device=device))
-            for s in settings]
+    settings = SETTINGS + ((HALF,) if "float16" in peaks else ())
+    settings += (COMPILED,) if args.compile else ()
+    rows = []
+    for s in settings:
+        if peaks[s.dtype] is None:  # this device cannot multiply in that dtype
+            rows.append((s.name, s, None))
+            continue
+        one = is_emulated(peaks, s.dtype)  # no hardware: a step takes seconds, so one of each
+        steps, warmup = (1, 1) if one else (args.steps, args.warmup)
+        rows.append((s.name, s, measure_if_supported(c, s, B, steps, warmup, device)))
     for batch in (1, 4):  # the batch shape: smaller matmuls, the same work per token
-        rows.append((f"float32, batch {batch}", Setting(), measure(c, Setting(), batch,
-                                                                    args.steps, device=device)))
+        rows.append((f"float32, batch {batch}", Setting(),
+                     measure(c, Setting(), batch, args.steps, args.warmup, device=device)))
     print_table(rows, flops, peaks)
     if args.profile:
         table, share = profile_step(c, Setting(), B, device)

@@ -31,12 +31,24 @@ from tiny_llm.checkpoint import (
     stop_on_ctrl_c,
 )
 from tiny_llm.data import ensure_data, get_batch, load_token_array
-from tiny_llm.device import autocast, kept_memory, pick_device, seed_everything
+from tiny_llm.device import (
+    BusyWatch,
+    autocast,
+    fast_float32_matmuls,
+    grad_scaler,
+    kept_memory,
+    pick_device,
+    pick_threads,
+    resolve_dtype,
+    seed_everything,
+)
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.loss import mean_loss
 from tiny_llm.muon import muon_adamw
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
 from tiny_llm.processes import ONE_PROCESS, hold_run_folder
+
+NO_SCALING = grad_scaler(torch.device("cpu"), "float32")  # a disabled scaler: every call a no-op
 
 
 @dataclass
@@ -62,7 +74,7 @@ class TrainConfig:
     eval_interval: int = 200  # evaluate on valid.bin and save a checkpoint every this many steps
     eval_iters: int = 20  # batches per evaluation
     device: str | None = None  # cuda, mps or cpu (default: the best available)
-    dtype: str = "auto"  # float32, bfloat16 (autocast), or auto: bfloat16 on GPUs that have it
+    dtype: str = "auto"  # float32, bfloat16 or float16 (autocast); auto: by device (step 13)
     compile: bool = False  # torch.compile the model: faster steps after a compile of a minute
     seed: int = 1337
     data_dir: str = str(DATA_DIR)
@@ -75,8 +87,9 @@ class TrainConfig:
                              f"one of {', '.join(presets)}")
         if self.optimizer not in ("adamw", "muon"):
             raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got "
+                             f"{self.dtype!r}")
         if self.max_steps == 0 and not self.time_budget > 0:
             raise ValueError("give the run a length: --max-steps N, or --time-budget like 10m")
         lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
@@ -138,7 +151,8 @@ def estimate_loss(model, data, cfg, device):
     return mean_loss(model, batches, device, cfg.dtype)[0]
 
 
-def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCESS):
+def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCESS,
+                         scaler=NO_SCALING):
     """Forward and backward over grad_accum micro-batches; returns their mean loss."""
     total = 0.0
     seq_len = parallel.unwrap(model).config.max_seq_len
@@ -148,14 +162,14 @@ def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCE
         with parallel.no_sync(model, sync=i == cfg.grad_accum - 1):
             with autocast(device, cfg.dtype):
                 _, loss = model(x[rows], y[rows])
-            (loss / cfg.grad_accum).backward()  # gradients add up: dividing makes them a mean
-        total += loss.item() / cfg.grad_accum
-    return parallel.mean(total)
+            scaler.scale(loss / cfg.grad_accum).backward()  # gradients add up to a mean
+        total += loss.detach() / cfg.grad_accum  # stays on the device: no wait per micro-batch
+    return parallel.mean(total.item())  # one wait for the device per update
 
 
 def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
-    """The model, optimizer, data generator, step, log records and cfg (with the step count a
-    budget fixed): fresh, or from ckpt_path, read once."""
+    """The model, optimizer, gradient scaler, data generator, step, log records and cfg (with
+    the step count a budget fixed): fresh, or from ckpt_path, read once."""
     ckpt = load_checkpoint(ckpt_path, data_dir=cfg.data_dir) if cfg.resume else None  # + tokenizer
     if ckpt is None and ckpt_path.exists():
         raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
@@ -178,28 +192,34 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     else:  # fused: the whole update in one kernel per parameter group (CPU and CUDA), same math
         optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
                                       betas=(0.9, 0.95), fused=device.type in ("cpu", "cuda"))
+    scaler = grad_scaler(device, cfg.dtype)  # float16 only; a no-op for other dtypes
     data_gen = torch.Generator().manual_seed(cfg.seed)
     if ckpt is None:
-        return model, optimizer, data_gen, 0, [], cfg
+        return model, optimizer, scaler, data_gen, 0, [], cfg
     records = resume_run(ckpt, ckpt_path, model, optimizer, data_gen, parallel)
+    if ckpt.get("scaler"):  # float16: the loss scale it had reached, for an exact resume
+        scaler.load_state_dict(ckpt["scaler"])
     if cfg.max_steps == 0 and ckpt["step"] >= pace_steps(cfg):  # the budget fixed the count
         cfg = replace(cfg, max_steps=ckpt["train_config"]["max_steps"])
-    return model, optimizer, data_gen, ckpt["step"], records, cfg
+    return model, optimizer, scaler, data_gen, ckpt["step"], records, cfg
 
 
-def update_weights(model, optimizer, data, cfg, device, generator, lr, step, parallel=ONE_PROCESS):
+def update_weights(model, optimizer, data, cfg, device, generator, lr, step, parallel=ONE_PROCESS,
+                   scaler=NO_SCALING):
     """One optimizer update at learning rate `lr`; returns the mean loss of its micro-batches."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss = accumulate_gradients(model, data, cfg, device, generator, parallel)
+    loss = accumulate_gradients(model, data, cfg, device, generator, parallel, scaler)
     if not math.isfinite(loss):  # checked before the step, so the weights stay finite
         raise FloatingPointError(
             f"the training loss became {loss} at step {step + 1} (lr {lr:.2e}, dtype {cfg.dtype}):"
             f" the run diverged. Try a lower --lr (now {cfg.lr}) or --dtype float32; the last "
             "checkpoint saved, if any, still holds the weights from before")
+    scaler.unscale_(optimizer)  # float16: the true gradients, before clipping (else a no-op)
     if cfg.grad_clip > 0:  # one unlucky batch cannot throw the weights far
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()
+    scaler.step(optimizer)  # optimizer.step(), skipped if float16 gradients overflowed
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return loss
 
@@ -243,13 +263,19 @@ def train_in_folder(cfg, parallel):
     data_dir = Path(cfg.data_dir)
     meta = ensure_data(data_dir)
     device = pick_device(cfg.device)
+    threads, why = pick_threads()
+    fast_float32_matmuls(device)  # CUDA: TF32 tensor cores for float32 matmuls
     ckpt_path = Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt"
-    model, optimizer, data_gen, step, records, cfg = start_run(cfg, meta, device, ckpt_path,
-                                                               parallel)
+    model, optimizer, scaler, data_gen, step, records, cfg = start_run(cfg, meta, device,
+                                                                       ckpt_path, parallel)
     gpt = parallel.unwrap(model)
     train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
     tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
     print_setup(cfg, meta, gpt, device, tokens_per_step, parallel.world_size)
+    if parallel.rank == 0:  # standard error: machine facts, like the progress bar
+        print(f"{'threads':<12} {threads} ({why}), dtype {resolve_dtype(device, cfg.dtype)}",
+              file=sys.stderr)
+    watch = BusyWatch(threads, device.type == "cpu")
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     pacing = cfg.time_budget > 0 and step < pace_steps(cfg) < (cfg.max_steps or math.inf)  # open
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
@@ -263,8 +289,10 @@ def train_in_folder(cfg, parallel):
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
             t0 = time.perf_counter()
             loss = update_weights(model, optimizer, train_data, cfg, device, data_gen, lr, step,
-                                  parallel=parallel)
+                                  parallel=parallel, scaler=scaler)
             step += 1
+            if (warning := watch.step()) and parallel.rank == 0:
+                tqdm.write(warning, file=sys.stderr)
             records.append({"step": step, "train_loss": loss, "lr": lr, "tokens": step *
                             tokens_per_step, "time_s": time.perf_counter() - clock,
                             "tokens_per_s": tokens_per_step / (time.perf_counter() - t0)})
@@ -282,7 +310,7 @@ def train_in_folder(cfg, parallel):
             if evaluate or stop.is_set():
                 with explain_failed_save(ckpt_path, step, cfg):
                     save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
-                             parallel)
+                             parallel, scaler)
             if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
                 break
     bar.close()
