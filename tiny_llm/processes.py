@@ -1,11 +1,5 @@
-"""Shared helper: what step 10's training loop needs to know about other processes.
-
-First, the hooks it calls where several processes would differ. Step 10 trains in one process,
-so every hook here does nothing; step 16 (tiny_llm.scale) subclasses `OneProcess` with
-PyTorch's DistributedDataParallel or FSDP2 filled in, and hands that object to the same loop.
-The loop is written once; only these few places change.
-
-Second, a lock on the run folder, so that two runs never write one folder at once.
+"""Shared helper: a lock on the run folder, so that two runs never write one folder at once;
+and (step 16) the hooks the training loop calls where several processes would differ.
 """
 
 import os
@@ -13,37 +7,6 @@ import sys
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-
-
-class OneProcess:
-    """Where step 16 (tiny_llm.scale) plugs in training on several processes, called ranks.
-    On one process every hook does nothing; step 16's DataParallel fills them in."""
-
-    rank, world_size = 0, 1
-
-    def wrap(self, model):  # -> the module to train: DistributedDataParallel or FSDP2's shards
-        return model
-
-    def no_sync(self, model, sync):  # a context: skip the gradient all-reduce unless sync
-        return nullcontext()
-
-    def mean(self, value):  # a float averaged over the ranks
-        return value
-
-    def state_dicts(self, model, optimizer):  # full state dicts, gathered for a checkpoint
-        return model.state_dict(), optimizer.state_dict()
-
-    def unwrap(self, model):  # -> the GPT itself, for its config and for evaluation
-        return model
-
-    def load_optimizer(self, model, optimizer, state):
-        optimizer.load_state_dict(state)
-
-
-ONE_PROCESS = OneProcess()
-
-
-# --- one run per folder -------------------------------------------------------------------
 
 LOCK_NAME = "train.lock"
 
@@ -132,3 +95,33 @@ def process_alive(pid):
     except PermissionError:  # it exists, and belongs to another user
         return True
     return True
+
+
+# --- step 16: what the training loop needs to know about other processes ------------------
+
+class OneProcess:
+    """Where step 16 (tiny_llm.scale) plugs in training on several processes, called ranks.
+    On one process every hook does nothing; step 16's DataParallel fills them in."""
+
+    rank, world_size = 0, 1
+
+    def wrap(self, model):  # -> the module to train: DistributedDataParallel or FSDP2's shards
+        return model
+
+    def no_sync(self, model, sync):  # a context: skip the gradient all-reduce unless sync
+        return nullcontext()
+
+    def mean(self, value):  # a float averaged over the ranks
+        return value
+
+    def state_dicts(self, model, optimizer):  # full state dicts, gathered for a checkpoint
+        return model.state_dict(), optimizer.state_dict()
+
+    def unwrap(self, model):  # -> the GPT itself, for its config and for evaluation
+        return model
+
+    def load_optimizer(self, model, optimizer, state):
+        optimizer.load_state_dict(state)
+
+
+ONE_PROCESS = OneProcess()
