@@ -50,8 +50,8 @@ def test_each_step_shows_its_own_code_and_no_later_hook():
     assert signature(state(12), "Embed.forward") == ["self", "idx", "start"]
     assert "learned_positions" in signature(state(14), "Embed.__init__")
     assert "kvcache.py" not in state(11) and "kvcache.py" in state(12)
-    for name, text in state(10).items():
-        assert "parallel" not in text.replace("parallel.py", ""), f"{name} at step 10"
+    for name, text in state(10).items():  # step 16's process hooks are not there yet
+        assert "parallel." not in text and "ONE_PROCESS" not in text, f"{name} at step 10"
 
 
 def test_a_diff_that_does_not_fit_names_the_chapter_and_the_lines(tmp_path, monkeypatch):

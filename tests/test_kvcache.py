@@ -111,16 +111,6 @@ def test_the_forward_refuses_what_would_corrupt_the_cache():
         model.train()(prompt(1), cache=KVCache(SMALL))
 
 
-def test_grouped_query_heads_attend_like_repeated_heads():
-    from tiny_llm.multihead import attend
-
-    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
-    repeated = attend(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1))
-    torch.testing.assert_close(attend(q, k, v), repeated)
-    with pytest.raises(ValueError, match="3 queries after 2 cached keys"):
-        attend(q[:, :, :3], k, v)
-
-
 def test_generate_cached_checks_its_arguments_like_generate():
     model = model_for(0)
     with pytest.raises(ValueError, match=r"\(1, T\) tensor.*got \(2, 3\)"):

@@ -419,3 +419,13 @@ def test_metas_names_reach_the_parts_outside_the_blocks():
     assert model.tok_emb is model.embed.tok_emb and model.norm is model.ln_f
     assert model.output is model.lm_head and model.output.weight is model.tok_emb.weight  # tied
     assert isinstance(model.layers[1].attention_norm, RMSNorm)
+
+
+def test_grouped_query_heads_attend_like_repeated_heads():
+    from tiny_llm.multihead import attend
+
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    repeated = attend(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1))
+    torch.testing.assert_close(attend(q, k, v), repeated)
+    with pytest.raises(ValueError, match="3 queries after 2 cached keys"):
+        attend(q[:, :, :3], k, v)
