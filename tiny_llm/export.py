@@ -250,7 +250,8 @@ def greedy_both(model, hf, ids, max_new_tokens, eot_id):
     max_new_tokens = min(max_new_tokens, model.config.max_seq_len - ids.shape[1])
     ours = generate(model, ids, max_new_tokens, temperature=0, eot_id=eot_id)
     theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, eos_token_id=eot_id, pad_token_id=eot_id)
+                         max_length=ids.shape[1] + max_new_tokens, eos_token_id=eot_id,
+                         pad_token_id=eot_id)  # a length in all, as generation_config.json's
     return ours[0].tolist(), theirs[0].tolist()
 
 
