@@ -70,7 +70,8 @@ def blocks(chapter):
 
 
 def source_blocks():
-    every = [b for c in chapters() for b in blocks(c)]
+    """Blocks that show code from a file (diff blocks, a step's changes, are checked apart)."""
+    every = [b for c in chapters() for b in blocks(c) if b.info != "diff"]
     return [b for b in every if SOURCE_HEADER.match(b.body.split("\n", 1)[0])]
 
 

@@ -1,19 +1,16 @@
 import math
 import re
 import sys
-from dataclasses import asdict
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from solutions import ex12_kvcache
 from tiny_llm import kvcache
-from tiny_llm.checkpoint import save_checkpoint
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, PRESETS, GPTConfig
 from tiny_llm.kvcache import KVCache, generate_cached, memory_line
-from tiny_llm.modern import ModernConfig, ModernGPT
-from tiny_llm.tokenize import load_tokenizer, tokenizer_sha256
 
 SMALL = GPTConfig(vocab_size=64, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
 
@@ -162,12 +159,6 @@ def test_check_rejects_bad_flags(monkeypatch, capsys):
     assert "--max-new-tokens must be at least 1, got 0" in capsys.readouterr().err
 
 
-def test_solutions():
-    assert ex12_kvcache.exercise_1_cache_bytes(12, 1024, 768, 2) == 37_748_736  # GPT-2 small
-    assert ex12_kvcache.exercise_2_positions(4, 200, 256) == (sum(range(4, 204)), 203)
-    assert ex12_kvcache.exercise_3_keys_move_with_the_window() > 1e-3
-
-
 def product_of_factors(line):
     """'2 x 4 layers x ... x 4 bytes = 1,048,576 bytes' -> (2 · 4 · ... · 4, 1,048,576)."""
     factors, total = line.split(" = ")
@@ -175,8 +166,9 @@ def product_of_factors(line):
     return math.prod(numbers), int(total.removesuffix(" bytes").replace(",", ""))
 
 
-GROUPED = ModernConfig(vocab_size=64, max_seq_len=64, d_model=64, n_layers=2, n_heads=2,
-                       n_kv_heads=1, d_ff=176)  # step 15's tiny preset: 1 of 2 heads keeps k, v
+# the sizes of step 15's tiny preset, whose 2 query heads share 1 key/value head
+GROUPED = SimpleNamespace(vocab_size=64, max_seq_len=64, d_model=64, n_layers=2, n_heads=2,
+                          n_kv_heads=1)
 
 
 @pytest.mark.parametrize(("config", "expected"), [
@@ -189,21 +181,7 @@ def test_the_memory_line_shows_factors_that_multiply_to_its_total(config, expect
     assert product == total == KVCache(config).nbytes()
 
 
-def test_a_grouped_query_checkpoint_is_checked_with_its_own_class(sample_data_dir, tmp_path,
-                                                                 monkeypatch, capsys):
-    vocab = load_tokenizer(sample_data_dir / "tokenizer.json").get_vocab_size()
-    config = ModernConfig(vocab_size=vocab, max_seq_len=32, d_model=32, n_layers=2, n_heads=4,
-                          n_kv_heads=2, d_ff=64)
-    torch.manual_seed(0)
-    save_checkpoint(tmp_path / "ckpt.pt", {
-        "model": ModernGPT(config).state_dict(), "config": asdict(config), "step": 1,
-        "tokenizer_sha256": tokenizer_sha256(sample_data_dir / "tokenizer.json"),
-        "model_class": "tiny_llm.modern.ModernGPT"})
-    monkeypatch.setattr(kvcache, "DATA_DIR", sample_data_dir)
-    monkeypatch.setattr(sys, "argv", ["kvcache", "--checkpoint", str(tmp_path / "ckpt.pt"),
-                                      "--max-new-tokens", "5", "--device", "cpu"])
-    kvcache.main()
-    out = capsys.readouterr().out
-    line = out.split("cache memory")[1].split("\n")[0].strip()
-    assert line == "2 x 2 layers x 32 positions x 2 kv heads x 8 x 4 bytes = 8,192 bytes"
-    assert "past the window  tiny ModernGPT, max_seq_len 64, 151 tokens: same tokens True" in out
+def test_solutions():
+    assert ex12_kvcache.exercise_1_cache_bytes(12, 1024, 768, 2) == 37_748_736  # GPT-2 small
+    assert ex12_kvcache.exercise_2_positions(4, 200, 256) == (sum(range(4, 204)), 203)
+    assert ex12_kvcache.exercise_3_keys_move_with_the_window() > 1e-3

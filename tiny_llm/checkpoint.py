@@ -108,12 +108,11 @@ def check_tokenizer(ckpt, data_dir=DATA_DIR, path="the checkpoint"):
     one vocabulary and " sky" in another, so a mismatch would give fluent-looking garbage.
     """
     prepared = tokenizer_sha256(Path(data_dir) / "tokenizer.json")
-    beside = Path(path).parent / "tokenizer.json"  # where an import (step 17) puts its own
-    if ckpt["tokenizer_sha256"] != prepared and beside.is_file() and (
-            tokenizer_sha256(beside) == ckpt["tokenizer_sha256"]):
-        raise ValueError(f"{path} was made with the tokenizer beside it, not the one in "
-                         f"{data_dir}: pass --data-dir {beside.parent}")
     if ckpt["tokenizer_sha256"] != prepared:
+        beside = Path(path).parent / "tokenizer.json"  # where an import puts the model's own
+        if beside.is_file() and tokenizer_sha256(beside) == ckpt["tokenizer_sha256"]:
+            raise ValueError(f"{path} was made with the tokenizer beside it, not the one in "
+                             f"{data_dir}: pass --data-dir {beside.parent}")
         source = ckpt.get("data_source", "unknown data")
         raise ValueError(
             f"{path} was trained with a different tokenizer (data source: {source}, tokenizer "

@@ -207,7 +207,7 @@ def main():
         return
     device = pick_device(args.device)
     try:
-        # any tokenizer.json: ours, or an imported GPT-2's, whose <|endoftext|> is 50256 (step 17)
+        # any tokenizer.json: ours, or an imported GPT-2's, whose <|endoftext|> is id 50256
         tokenizer = Tokenizer.from_file(str(tokenizer_path(args.data_dir / "tokenizer.json")))
         model, description = load_model(args, device, tokenizer.get_vocab_size())
     except (FileNotFoundError, ValueError) as err:
