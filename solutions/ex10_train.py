@@ -2,15 +2,22 @@
 
 Run them:  uv run python -m solutions.ex10_train
 The picture of the schedule:  uv run python -m solutions.ex10_train --plot steps/images/10-lr.png
+(add --steps N, the count your run's `budget` line printed, to draw your own run's schedule)
 """
 
 import argparse
+from dataclasses import replace
 
 import torch
 
+from tiny_llm.budget import budget_steps, pace_steps
 from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.train import TrainConfig, lr_at, param_groups
+
+# The pace of chapter 10's recorded main job on the course's 2-core CPU, from its budget line
+# "235 ms per step and 1.3 s per evaluation after 26.1 s" (the 100 warmup updates).
+RECORDED_PACE = {"seconds": 26.1, "step_seconds": 0.235, "eval_seconds": 1.3}
 
 
 def exercise_1_lr_by_hand():
@@ -64,33 +71,60 @@ def exercise_4_accumulation_is_a_mean():
                                                                strict=True))
 
 
-def plot_lr_schedule(path, cfg=None):
-    """The learning rate of a run (default: the main job's), step by step."""
+def default_run_steps(cfg=None):
+    """The step count the default run's time budget fixes at the recorded pace, computed as
+    tiny_llm.train computes it: budget_steps after the pace_steps(cfg) warmup updates.
+    Today's 540-s budget: 100 + (540 - 26.1 - 1.3) / (0.235 + 1.3 / 200) = 2,222 steps."""
     cfg = cfg or TrainConfig()
+    return budget_steps(cfg, pace_steps(cfg), **RECORDED_PACE)
+
+
+def lr_schedule(cfg):
+    """The learning rate of each of cfg.max_steps updates, as the training loop sets it."""
+    if cfg.max_steps < 1:
+        raise ValueError(f"a schedule needs its step count, got max_steps={cfg.max_steps} (a "
+                         "budgeted run fixes it as it goes): pass --steps N from its budget line")
+    decay_steps = cfg.lr_decay_steps or cfg.max_steps
+    return [lr_at(s, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
+            for s in range(cfg.max_steps)]
+
+
+def plot_lr_schedule(path, cfg=None):
+    """Draw the learning rate of a run step by step (default: the main job's, with
+    TrainConfig's peak and floor over default_run_steps() updates)."""
+    cfg = cfg or replace(TrainConfig(), max_steps=default_run_steps())
+    lrs = lr_schedule(cfg)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = range(cfg.max_steps)
-    lrs = [lr_at(s, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps) for s in steps]
     fig, ax = plt.subplots(figsize=(7, 3))
-    ax.plot(steps, lrs)
+    ax.plot(range(len(lrs)), lrs)
     ax.axvline(cfg.warmup_steps, color="grey", linestyle=":", label="end of warmup")
-    ax.axhline(cfg.min_lr, color="grey", linestyle="--", label="min_lr, the floor")
-    ax.set(xlabel="step", ylabel="learning rate", title="linear warmup, then cosine decay")
+    ax.axhline(cfg.min_lr, color="grey", linestyle="--", label=f"min_lr {cfg.min_lr:g}, the floor")
+    ax.set(xlabel="step", ylabel="learning rate",
+           title=f"linear warmup to {cfg.lr:g}, then cosine decay over {cfg.max_steps:,} steps")
     ax.legend()
     fig.tight_layout()
     save_figure(fig, path, dpi=100)
+    return lrs
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--plot", help="save the learning-rate schedule picture here")
+    parser.add_argument("--steps", type=int, default=None, help="the run's step count (default: "
+                        f"{default_run_steps():,}, what the default budget fixes at the pace "
+                        "of chapter 10's record)")
     args = parser.parse_args()
     if args.plot:
-        plot_lr_schedule(args.plot)
-        print(f"saved {args.plot}")
+        steps = default_run_steps() if args.steps is None else args.steps
+        try:
+            plot_lr_schedule(args.plot, replace(TrainConfig(), max_steps=steps))
+        except ValueError as err:
+            parser.error(str(err))
+        print(f"saved {args.plot}: the default settings' schedule over {steps:,} steps")
     print("exercise 1:", ", ".join(f"{lr:.2e}" for lr in exercise_1_lr_by_hand()))
     windows, tokens = exercise_2_effective_batch()
     print("exercise 2:", f"{windows} windows, {tokens:,} tokens per update")

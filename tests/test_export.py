@@ -10,8 +10,10 @@ from dataclasses import asdict  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
 
 from solutions import ex17_export  # noqa: E402
+from tiny_llm import generate as generate_module  # noqa: E402
 from tiny_llm.checkpoint import model_from_checkpoint, save_checkpoint  # noqa: E402
 from tiny_llm.export import (  # noqa: E402
     LIMIT,
@@ -22,9 +24,9 @@ from tiny_llm.export import (  # noqa: E402
     main,
     max_logit_difference,
 )
-from tiny_llm.generate import complete  # noqa: E402
+from tiny_llm.generate import complete, generate  # noqa: E402
 from tiny_llm.gpt import GPT, GPTConfig  # noqa: E402
-from tiny_llm.tokenize import load_tokenizer, tokenizer_sha256  # noqa: E402
+from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256  # noqa: E402
 
 
 def scrambled(model, seed=0, std=0.3):
@@ -251,3 +253,110 @@ def test_a_modern_gpt_exports_as_llama_with_equal_logits_and_story(sample_data_d
         "Once upon a time")])
     ours, theirs = greedy_both(model, hf, ids, 28, eot_id=0)
     assert len(set(ours[4:])) >= 3 and ours == theirs
+    # RoPE has no table to run off: transformers' Llama writes on past position 32, reading the
+    # whole text where ours reads the last 32 tokens, and the two stories part soon after
+    ours = generate(model, ids, 40, temperature=0, eot_id=None)[0].tolist()
+    theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=40, min_new_tokens=40)[0].tolist()
+    assert len(theirs) == 44 and ours[:33] == theirs[:33] and ours != theirs
+
+
+def test_a_batch_of_prompts_goes_through_the_pipeline_as_each_alone(exported, sample_data_dir):
+    model, folder = exported
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    assert (tokenizer.pad_token, tokenizer.pad_token_id, tokenizer.padding_side) == (EOT, 0, "left")
+    generator = transformers.pipeline("text-generation", model=str(folder), device="cpu")
+    prompts = ["Once upon a time", "Lily saw a big dog and", "Tom"]  # 3 lengths: 2 are padded
+    batched = generator(prompts, batch_size=3, do_sample=False, max_new_tokens=8)
+    ours = load_tokenizer(sample_data_dir / "tokenizer.json")
+    assert [out[0]["generated_text"] for out in batched] == [
+        complete(model, ours, prompt, 8, temperature=0) for prompt in prompts]
+
+
+def test_a_long_generation_stops_at_the_models_last_position(exported, sample_data_dir):
+    model, folder = exported  # max_seq_len 32; the pipeline's own default is 256 new tokens
+    generator = transformers.pipeline("text-generation", model=str(folder), device="cpu")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    text = generator("Once upon a time", do_sample=False)[0]["generated_text"]
+    ids = torch.tensor([tokenizer.encode("Once upon a time")])
+    ours = generate(model, ids, 28, temperature=0, eot_id=0)  # 4 + 28 = 32 positions
+    assert text == complete(model, load_tokenizer(sample_data_dir / "tokenizer.json"),
+                            "Once upon a time", 28, temperature=0)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert hf.generation_config.max_length == 32  # generation_config.json: the model's limit
+    assert hf.generate(ids, attention_mask=torch.ones_like(ids))[0].tolist() == ours[0].tolist()
+    # it can write the token after the 32nd (4 + 29 = 33 tokens, read from 32 positions) ...
+    out = generator("Once upon a time", do_sample=False, max_new_tokens=29, min_new_tokens=29,
+                    return_tensors=True)[0]["generated_token_ids"]
+    assert len(out) == 33
+    # ... but not read a 33rd position: it has no row for it and does not crop, as ours does
+    with pytest.raises(IndexError, match="index out of range"):
+        generator("Once upon a time", do_sample=False, max_new_tokens=30, min_new_tokens=30)
+    # what it can: drop the start of a long prompt so that prompt + new tokens fit ("hole")
+    long_prompt = "Once upon a time " * 10  # 40 tokens, more than the model's 32 positions
+    text = generator(long_prompt, do_sample=False, max_new_tokens=8,
+                     handle_long_generation="hole")[0]["generated_text"]
+    kept = torch.tensor([tokenizer.encode(long_prompt)[-(32 - 8):]])  # its last 24 tokens
+    new = generate(model, kept, 8, temperature=0, eot_id=0)[0, kept.shape[1]:]
+    assert text == long_prompt + tokenizer.decode(new, skip_special_tokens=True)
+
+
+def gpt2_tokenizer(path):
+    """A byte-level tokenizer laid out like GPT-2's, offline: ids 0-255 the bytes ('!' is 0),
+    50256 <|endoftext|>; GPT-2's 50,000 merges would lie in between, left unused here."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab.update({f"<unused{i}>": i for i in range(256, 50256)})
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(EOT, special=True)])
+    tokenizer.save(str(path))
+    return tokenizer
+
+
+def always_predicts(token_id, wte, ln_f):
+    """Rig a GPT so that every position predicts `token_id`: the final LayerNorm outputs its
+    bias, set to that token's (lengthened) embedding, the longest row of the tied head."""
+    with torch.no_grad():
+        wte[token_id] *= 100
+        ln_f.weight.zero_()
+        ln_f.bias.copy_(wte[token_id])
+
+
+def test_generate_writes_with_an_imported_gpt2_whose_eot_is_50256(sample_data_dir, tmp_path,
+                                                                   monkeypatch, capsys):
+    (tmp_path / "gpt2").mkdir()
+    gpt2_tokenizer(tmp_path / "gpt2" / "tokenizer.json")
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=16, n_embd=8, n_layer=1,
+                                     n_head=2, activation_function="gelu")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(config)
+    always_predicts(0, hf.transformer.wte.weight, hf.transformer.ln_f)  # GPT-2's id 0 is "!"
+    hf.save_pretrained(tmp_path / "gpt2")
+    _, _, tokenizer_file = import_gpt2(tmp_path / "gpt2", tmp_path / "run" / "ckpt.pt")
+    assert tokenizer_file == tmp_path / "run" / "tokenizer.json"
+
+    def run(*flags):
+        monkeypatch.setattr(sys, "argv", ["generate", "--checkpoint", str(tmp_path / "run" /
+                                          "ckpt.pt"), "--temperature", "0", *flags])
+        generate_module.main()
+        return capsys.readouterr().out
+
+    # data/ holds the course's tokenizer, not GPT-2's: the error names the folder that does
+    with pytest.raises(SystemExit, match=r"made with the tokenizer beside it, not the one in "
+                                         rf".*: pass --data-dir {tmp_path / 'run'}$"):
+        run("--data-dir", str(sample_data_dir))
+    out = run("--data-dir", str(tmp_path / "run"), "--max-new-tokens", "30")
+    # id 0 is an ordinary token here: 30 of them, where an EOT id of 0 stopped after one
+    assert "sample 1     Once upon a time" + "!" * 30 + "\n" in out
+
+    # and a model that ends every story stops after one token, at id 50256
+    model, _ = model_from_checkpoint(tmp_path / "run" / "ckpt.pt", data_dir=tmp_path / "run")
+    always_predicts(50256, model.embed.tok_emb.weight, model.ln_f)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(args[0][0].tolist()))
+    tokenizer = Tokenizer.from_file(str(tmp_path / "run" / "tokenizer.json"))
+    assert complete(model, tokenizer, "", 10, temperature=0) == ""
+    assert seen == [[50256]]  # an empty prompt starts after GPT-2's EOT; one step, then it ends

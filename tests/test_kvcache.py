@@ -1,4 +1,7 @@
+import math
+import re
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -7,7 +10,7 @@ from solutions import ex12_kvcache
 from tiny_llm import kvcache
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, PRESETS, GPTConfig
-from tiny_llm.kvcache import KVCache, generate_cached
+from tiny_llm.kvcache import KVCache, generate_cached, memory_line
 
 SMALL = GPTConfig(vocab_size=64, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
 
@@ -144,6 +147,28 @@ def test_check_rejects_bad_flags(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         kvcache.main()
     assert "--max-new-tokens must be at least 1, got 0" in capsys.readouterr().err
+
+
+def product_of_factors(line):
+    """'2 x 4 layers x ... x 4 bytes = 1,048,576 bytes' -> (2 · 4 · ... · 4, 1,048,576)."""
+    factors, total = line.split(" = ")
+    numbers = [int(re.match(r"\d+", f).group()) for f in factors.split(" x ")]
+    return math.prod(numbers), int(total.removesuffix(" bytes").replace(",", ""))
+
+
+# the sizes of step 15's tiny preset, whose 2 query heads share 1 key/value head
+GROUPED = SimpleNamespace(vocab_size=64, max_seq_len=64, d_model=64, n_layers=2, n_heads=2,
+                          n_kv_heads=1)
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    (PRESETS["small"], "2 x 4 layers x 256 positions x 128 x 4 bytes = 1,048,576 bytes"),
+    (GROUPED, "2 x 2 layers x 64 positions x 1 kv heads x 32 x 4 bytes = 32,768 bytes")])
+def test_the_memory_line_shows_factors_that_multiply_to_its_total(config, expected):
+    line = memory_line(config)
+    assert line == expected  # GPT's n_heads x head_size is d_model: 128, as chapter 12 prints
+    product, total = product_of_factors(line)
+    assert product == total == KVCache(config).nbytes()
 
 
 def test_solutions():

@@ -401,6 +401,33 @@ def test_the_kv_cache_holds_n_kv_heads_and_generation_matches_without_it():
                                generate(model, idx, 20, **greedy), rtol=0, atol=0)
 
 
+def test_kvcache_checks_a_grouped_query_checkpoint_with_its_own_class(sample_data_dir, tmp_path,
+                                                                      monkeypatch, capsys):
+    import sys
+    from dataclasses import asdict
+
+    from tiny_llm import kvcache
+    from tiny_llm.checkpoint import save_checkpoint
+    from tiny_llm.tokenize import load_tokenizer, tokenizer_sha256
+
+    vocab = load_tokenizer(sample_data_dir / "tokenizer.json").get_vocab_size()
+    config = ModernConfig(vocab_size=vocab, max_seq_len=32, d_model=32, n_layers=2, n_heads=4,
+                          n_kv_heads=2, d_ff=64)
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "ckpt.pt", {
+        "model": ModernGPT(config).state_dict(), "config": asdict(config), "step": 1,
+        "tokenizer_sha256": tokenizer_sha256(sample_data_dir / "tokenizer.json"),
+        "model_class": "tiny_llm.modern.ModernGPT"})
+    monkeypatch.setattr(kvcache, "DATA_DIR", sample_data_dir)
+    monkeypatch.setattr(sys, "argv", ["kvcache", "--checkpoint", str(tmp_path / "ckpt.pt"),
+                                      "--max-new-tokens", "5", "--device", "cpu"])
+    kvcache.main()
+    out = capsys.readouterr().out
+    line = out.split("cache memory")[1].split("\n")[0].strip()
+    assert line == "2 x 2 layers x 32 positions x 2 kv heads x 8 x 4 bytes = 8,192 bytes"
+    assert "past the window  tiny ModernGPT, max_seq_len 64, 151 tokens: same tokens True" in out
+
+
 def test_main_job_trains_it_and_the_checkpoint_rebuilds_it(sample_data_dir, tmp_path):
     from tiny_llm.checkpoint import model_from_checkpoint
     from tiny_llm.train import TrainConfig, train

@@ -4,6 +4,7 @@ import math
 import signal
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,6 +176,21 @@ def test_solutions(tmp_path):
     first_step = ex10_train.exercise_3_first_adam_step()
     assert first_step == pytest.approx(2e-3, rel=0.01)
     assert ex10_train.exercise_4_accumulation_is_a_mean() < 1e-6
+
+
+def test_the_schedule_picture_draws_the_steps_the_default_budget_fixes(tmp_path):
+    cfg, lrs = TrainConfig(), ex10_train.plot_lr_schedule(tmp_path / "lr.png")
+    assert len(lrs) == ex10_train.default_run_steps() == 2_222  # 540 s at the recorded pace
+    assert max(lrs) == lrs[cfg.warmup_steps - 1] == cfg.lr  # the peak, at the end of warmup
+    assert lrs[-1] == pytest.approx(cfg.min_lr, abs=1e-8)  # and down to the floor at the end
+    # the same arithmetic under the record's own 600-s budget gives about its 2,468 steps
+    assert abs(ex10_train.default_run_steps(TrainConfig(time_budget=600)) - 2_468) <= 5
+    chapter_copy = Path(__file__).resolve().parent.parent / "steps" / "images" / "10-lr.png"
+    assert (tmp_path / "lr.png").read_bytes() == chapter_copy.read_bytes(), (
+        "steps/images/10-lr.png is not today's schedule: uv run python -m solutions.ex10_train "
+        "--plot steps/images/10-lr.png")
+    with pytest.raises(ValueError, match="max_steps"):
+        ex10_train.plot_lr_schedule(tmp_path / "empty.png", TrainConfig())  # the old empty plot
 
 
 class FakeClock:

@@ -126,6 +126,10 @@ def check_tokenizer(ckpt, data_dir=DATA_DIR, path="the checkpoint"):
     tokenizer_file = Path(data_dir) / "tokenizer.json"
     prepared = tokenizer_sha256(tokenizer_file)
     if ckpt["tokenizer_sha256"] != prepared:
+        beside = Path(path).parent / "tokenizer.json"  # where an import puts the model's own
+        if beside.is_file() and tokenizer_sha256(beside) == ckpt["tokenizer_sha256"]:
+            raise ValueError(f"{path} was made with the tokenizer beside it, not the one in "
+                             f"{data_dir}: pass --data-dir {beside.parent}")
         source = ckpt.get("data_source", "unknown data")
         vocab = ckpt.get("config", {}).get("vocab_size")
         try:

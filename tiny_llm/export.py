@@ -196,11 +196,21 @@ def atomic_folder(out):
 
 def save_tokenizer(tokenizer_file, folder, max_len):
     """Our tokenizer.json for AutoTokenizer: the file, byte for byte (checkpoints record its
-    sha256), and a config naming the class and <|endoftext|>, which ends and begins stories."""
+    sha256), and a config naming the class and <|endoftext|>, which ends and begins stories
+    and pads the short prompts of a batch, on the left: every prompt ends where writing starts."""
     shutil.copyfile(tokenizer_file, Path(folder) / "tokenizer.json")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT,
-              "unk_token": EOT, "model_max_length": max_len}
+              "unk_token": EOT, "pad_token": EOT, "padding_side": "left",
+              "model_max_length": max_len}
     (Path(folder) / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def generation_config(max_seq_len, eot_id=0):
+    """generation_config.json's settings: <|endoftext|> ends and pads, and a call that names no
+    length stops at max_seq_len tokens in all, the prompt's included. transformers' GPT-2 has
+    no position past its table and does not crop the context as our `generate` does."""
+    return transformers().GenerationConfig(bos_token_id=eot_id, eos_token_id=eot_id,
+                                           pad_token_id=eot_id, max_length=max_seq_len)
 
 
 def export(checkpoint, out, data_dir=DATA_DIR):
@@ -219,7 +229,9 @@ def export(checkpoint, out, data_dir=DATA_DIR):
         raise ValueError(f"the model has vocab_size {model.config.vocab_size:,}, {tokenizer_file} "
                          f"has {vocab:,} tokens: pass the model's data folder as --data-dir")
     with atomic_folder(out) as tmp:
-        EXPORTS[kind](model.float()).save_pretrained(tmp)  # config.json, model.safetensors
+        hf = EXPORTS[kind](model.float())
+        hf.generation_config = generation_config(model.config.max_seq_len)
+        hf.save_pretrained(tmp)  # config.json, generation_config.json, model.safetensors
         save_tokenizer(tokenizer_file, tmp, model.config.max_seq_len)
     return model.eval(), ckpt
 
@@ -257,7 +269,8 @@ def greedy_both(model, hf, ids, max_new_tokens, eot_id):
     max_new_tokens = min(max_new_tokens, model.config.max_seq_len - ids.shape[1])
     ours = generate(model, ids, max_new_tokens, temperature=0, eot_id=eot_id)
     theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, eos_token_id=eot_id, pad_token_id=eot_id)
+                         max_length=ids.shape[1] + max_new_tokens, eos_token_id=eot_id,
+                         pad_token_id=eot_id)  # a length in all, as generation_config.json's
     return ours[0].tolist(), theirs[0].tolist()
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.device import pick_device
@@ -26,7 +27,7 @@ from tiny_llm.embed import check_ids
 from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
-from tiny_llm.tokenize import load_tokenizer
+from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_path
 
 DEFAULTS = {"temperature": 0.8, "top_k": 50, "top_p": None}  # the command line's sampling
 
@@ -123,8 +124,10 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
 
 def complete(model, tokenizer, prompt, max_new_tokens, generator=None, **sampling):
     """Text in, text out: encode `prompt` ('' starts a new story), generate, decode."""
-    ids = tokenizer.encode(prompt).ids or [0]  # an empty prompt starts right after an EOT
+    eot_id = tokenizer.token_to_id(EOT)  # 0 in the course's tokenizers, 50256 in GPT-2's
+    ids = tokenizer.encode(prompt).ids or [eot_id]  # an empty prompt starts right after an EOT
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
+    sampling = {"eot_id": eot_id, **sampling}  # a caller's eot_id wins (None: never stop)
     out = generate(model, idx, max_new_tokens, generator=generator, **sampling)
     return tokenizer.decode(out[0].tolist())  # decode drops the EOT tokens
 
@@ -242,11 +245,13 @@ def main():
         return
     device = pick_device(args.device)
     try:
-        tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
+        # any tokenizer.json: ours, or an imported GPT-2's, whose <|endoftext|> is id 50256
+        tokenizer = Tokenizer.from_file(str(tokenizer_path(args.data_dir / "tokenizer.json")))
         model, description = load_model(args, device, tokenizer.get_vocab_size())
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
-    ids = (tokenizer.encode(args.prompt).ids or [0])[-model.config.max_seq_len:]
+    ids = (tokenizer.encode(args.prompt).ids or [tokenizer.token_to_id(EOT)])
+    ids = ids[-model.config.max_seq_len:]
     with torch.no_grad():  # the distribution of the first new token, to see what sampling sees
         logits = model(torch.tensor([ids], device=device))[0][:, -1, :]
     probs, vocab_size = next_token_probs(logits), logits.shape[-1]

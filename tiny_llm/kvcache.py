@@ -99,6 +99,24 @@ def compare(model, idx, max_new_tokens, device, rounds=2):
     return slow, fast, slow_s, fast_s
 
 
+def memory_line(config):
+    """The cache's size as factors that multiply to its bytes: "2 x 4 layers x 256 positions x
+    128 x 4 bytes = 1,048,576 bytes". Each position keeps n_kv_heads x head_size numbers per
+    tensor: d_model when every head has its own keys (step 08), fewer with step 15's groups."""
+    c, cache = config, KVCache(config)
+    n_kv_heads, head_size = getattr(c, "n_kv_heads", c.n_heads), c.d_model // c.n_heads
+    width = f"{c.d_model}" if n_kv_heads == c.n_heads else f"{n_kv_heads} kv heads x {head_size}"
+    return (f"2 x {c.n_layers} layers x {c.max_seq_len} positions x {width} x "
+            f"{cache.k.element_size()} bytes = {cache.nbytes():,} bytes")
+
+
+def window_model(model):
+    """A fresh model of `model`'s class at its `tiny` preset (max_seq_len 64) and vocabulary:
+    the window rule is the class's code, so a small one runs 150 tokens past it in seconds."""
+    cls = type(model)
+    return cls(replace(cls.presets["tiny"], vocab_size=model.config.vocab_size))
+
+
 def draw_cache(path, prompt=("Once", " upon", " a", " time"), next_tokens=(",", " there")):
     """Draw prefill and one decode step with the default preset's cache sizes; save a PNG."""
     from tiny_llm.diagrams import cache_diagram
@@ -149,15 +167,14 @@ def main():
     print(f"{'uncached time':<16} {slow_s:.2f} s, {n_new / slow_s:,.0f} tokens/s")
     print(f"{'cached time':<16} {fast_s:.2f} s, {n_new / fast_s:,.0f} tokens/s")
     print(f"{'speed-up':<16} {slow_s / fast_s:.1f}x")
-    print(f"{'cache memory':<16} 2 x {c.n_layers} layers x {c.max_seq_len} positions x "
-          f"{c.d_model} x 4 bytes = {KVCache(c).nbytes():,} bytes")
-    # past the window: a tiny model (max_seq_len 64) writes 150 tokens after a 1-token prompt
+    print(f"{'cache memory':<16} {memory_line(c)}")
+    # past the window: a tiny model of the same class writes 150 tokens after a 1-token prompt
     seed_everything(0)
-    tiny = GPT(replace(PRESETS["tiny"], vocab_size=c.vocab_size)).to(device).eval()
+    tiny = window_model(model).to(device).eval()
     start = torch.zeros(1, 1, dtype=torch.long, device=device)
     slow, fast, _, _ = compare(tiny, start, 150, device, rounds=1)
-    print(f"{'past the window':<16} tiny GPT, max_seq_len 64, 151 tokens: same tokens "
-          f"{torch.equal(slow, fast)}")
+    print(f"{'past the window':<16} tiny {type(tiny).__name__}, max_seq_len "
+          f"{tiny.config.max_seq_len}, 151 tokens: same tokens {torch.equal(slow, fast)}")
 
 
 if __name__ == "__main__":
