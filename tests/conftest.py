@@ -68,7 +68,14 @@ def pytest_collection_modifyitems(config, items):
 # `pytest -n 0 --durations=40`; a module whose tests share a fixture counts as one piece of work.
 CONSOLE = "tests/test_chapters.py::test_console_block_matches_a_real_run["
 EXPECTED_SECONDS = [
-    (CONSOLE + "13-speed.md", 60),  # every setting on the small preset; bf16 emulated on a CPU
+    (CONSOLE + "13-speed.md", 25),  # every setting of the small preset, one step each
+    ("tests/test_buildup.py::test_each_steps_tests_pass_on_the_state_at_that_step[1", 7),
+    ("tests/test_buildup.py::test_each_steps_tests_pass_on_the_state_at_that_step", 3),
+    ("tests/test_buildup.py::test_every_state_imports", 6),
+    ("tests/test_workalong.py::test_every_skeleton", 3),
+    ("tests/test_workalong.py::test_a_finished_step", 6),
+    ("tests/test_reliability.py", 8),
+    ("tests/test_vs_nanogpt.py", 4),
     ("tests/test_scale.py::test_fsdp2", 30),  # two torchrun jobs of 2 ranks
     (CONSOLE + "16-scale-out.md:232", 30),  # a torchrun job and a one-process run
     (CONSOLE + "17-export.md", 20),

@@ -87,14 +87,23 @@ def states(tmp_path_factory):
 
 
 def test_every_state_imports_every_module_it_has(states, warm_python):
-    for step in range(1, LAST + 1):
-        folder = states / f"{step:02d}"
-        names = sorted(p.stem for p in (folder / "tiny_llm").glob("*.py") if p.stem != "__init__")
-        code = (f"import importlib; [importlib.import_module('tiny_llm.' + n) for n in {names}]; "
-                "import tiny_llm, sys; print(tiny_llm.__file__)")
-        proc = run_python(["-c", code], folder, dict(os.environ), 120, warm_python)
-        assert proc.returncode == 0, f"step {step:02d}: {proc.stderr[-2000:]}"
-        assert proc.stdout.strip() == str(folder / "tiny_llm" / "__init__.py")
+    """One process imports every state in turn (libraries load once), each from its folder."""
+    code = f"""
+import importlib, pathlib, sys
+for folder in sorted(pathlib.Path({str(states)!r}).iterdir()):
+    for name in [n for n in sys.modules if n == "tiny_llm" or n.startswith("tiny_llm.")]:
+        del sys.modules[name]
+    sys.path[0] = str(folder)
+    names = sorted(p.stem for p in (folder / "tiny_llm").glob("*.py") if p.stem != "__init__")
+    for name in names:
+        module = importlib.import_module("tiny_llm." + name)
+        assert module.__file__ == str(folder / "tiny_llm" / (name + ".py")), module.__file__
+    print(folder.name, len(names))
+"""
+    proc = run_python(["-c", code], states, dict(os.environ), 300, warm_python)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = dict(line.split() for line in proc.stdout.split("\n") if line)
+    assert counts == {f"{s:02d}": str(len(state(s)) - 1) for s in range(1, LAST + 1)}
 
 
 def step_test_modules(step):
@@ -124,8 +133,10 @@ def test_each_steps_tests_pass_on_the_state_at_that_step(step, states, warm_pyth
         return
     folder = states / f"{step:02d}"
     env = {**os.environ, "TINY_LLM_TEST_DATA_DIR": str(sample_data_dir)}
+    # Tests that start ranks of their own (marked `processes`) take half a minute: they run on
+    # the finished package only, whose process hooks are step 16's own code at every state.
     argv = ["-m", "pytest", f"tests/test_{STEPS[step - 1]}.py", "-n", "0", "-q", "-x",
-            "-p", "no:cacheprovider", "--no-header"]
+            "-p", "no:cacheprovider", "--no-header", "-m", "not processes"]
     proc = run_python(argv, folder, env, 300, warm_python)
     assert proc.returncode == 0, (f"step {step:02d} (its state differs from the finished "
                                   f"package in {differ}):\n{proc.stdout[-3000:]}")

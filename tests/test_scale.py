@@ -53,6 +53,7 @@ def test_ring_all_reduce_sends_two_times_n_minus_one_over_n_of_the_gradients():
     assert crossover_tokens(8, 400e12, 400e9) == pytest.approx(4 / 3 * 7 / 8 * 1000)
 
 
+@pytest.mark.processes
 def test_two_ranks_of_half_a_batch_equal_one_rank_and_stay_identical(sample_data_dir, tmp_path):
     (one, two), weights, spreads = compare(sample_data_dir, tmp_path, steps=4)
     assert one == pytest.approx(two, rel=1e-5)  # float sums in another order: not bit-equal
@@ -60,6 +61,7 @@ def test_two_ranks_of_half_a_batch_equal_one_rank_and_stay_identical(sample_data
     assert spreads == [0.0] * 4  # DDP replicas: bit-identical after every step
 
 
+@pytest.mark.processes
 def test_fsdp2_trains_like_one_process_resumes_and_gathers_a_plain_checkpoint(
         one_rank, sample_data_dir, tmp_path, warm_python):
     flags = ["--shard", "--eval-interval", "2", "--lr-decay-steps", "4", "--out", "run"]
@@ -89,6 +91,7 @@ def test_a_sharded_checkpoint_resumes_only_sharded():
         replica.load_optimizer(None, None, fsdp_state)
 
 
+@pytest.mark.processes
 def test_a_rank_that_fails_stops_the_job_with_its_error(sample_data_dir, tmp_path, warm_python):
     script = tmp_path / "rank1_fails.py"
     script.write_text(

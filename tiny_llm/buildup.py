@@ -21,6 +21,7 @@ files removed: that gives the state at every step.
 """
 
 import ast
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,7 +187,7 @@ def imports(files, module):
         seen.add(name)
         if f"{name}.py" not in files:
             continue  # a module missing at this step: the caller decides
-        for node in ast.walk(ast.parse(files[f"{name}.py"])):
+        for node in _nodes(files[f"{name}.py"]):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tiny_llm."):
                 todo.append(node.module.split(".")[1])
             elif isinstance(node, ast.ImportFrom) and node.module == "tiny_llm":
@@ -195,6 +196,11 @@ def imports(files, module):
                 todo += [a.name.split(".")[1] for a in node.names
                          if a.name.startswith("tiny_llm.")]
     return seen
+
+
+@functools.lru_cache(maxsize=1024)
+def _nodes(text):
+    return list(ast.walk(ast.parse(text)))
 
 
 def signature(files, qualified):

@@ -144,7 +144,8 @@ def stream_sample(model, tokenizer, prompt, max_new_tokens, write, generator=Non
     """complete(), written out while it is made: `write` receives the prompt, then each new
     piece of text as soon as its tokens decode to whole characters (printable). Returns the
     ids. On Ctrl-C what was made is written before the KeyboardInterrupt goes on."""
-    ids = tokenizer.encode(prompt).ids or [0]
+    eot_id = tokenizer.token_to_id(EOT)  # 0 in the course's tokenizers, 50256 in GPT-2's
+    ids = tokenizer.encode(prompt).ids or [eot_id]
     device = next(model.parameters()).device
     shown = 0  # ids[:shown] are written
 
@@ -160,7 +161,7 @@ def stream_sample(model, tokenizer, prompt, max_new_tokens, write, generator=Non
         for _ in range(max_new_tokens):  # one token a call: generate() sees the last M tokens
             idx = torch.tensor([ids[-model.config.max_seq_len:]], device=device)
             ids.append(generate(model, idx, 1, generator=generator, **sampling)[0, -1].item())
-            if ids[-1] == 0:  # <|endoftext|>: the story is over
+            if ids[-1] == eot_id:  # <|endoftext|>: the story is over
                 break
             flush(whole=False)
     finally:
