@@ -145,8 +145,10 @@ def skeleton(module, everything=False):
     shown = shown_in_chapter(module, source)
     chapter = f"steps/{chapter_of(module).name}"
     todo, tree = [], ast.parse(source)
+    text = " ".join(chapter_of(module).read_text().split("\n## Exercises", 1)[0].split())
     for name, node in bodies(tree):
-        if not (name in shown or (everything and name != "main")) or name in called_at_import(tree):
+        asked = name in shown and shown_whole(source, node, text)  # the chapter has every line
+        if not (asked or (everything and name != "main")) or name in called_at_import(tree):
             continue
         body = node.body[1:] if ast.get_docstring(node) is not None else node.body
         if not body or body[0].lineno == node.lineno:
@@ -166,6 +168,14 @@ def skeleton(module, everything=False):
               f"# Test it: uv run python -m tiny_llm.workalong {number:02d}   "
               f"(the answer: tiny_llm/{module}.py)"]
     return "\n".join(header + lines) + "\n", {n: shown.get(n, (chapter, ""))[0] for n, *_ in todo}
+
+
+def shown_whole(source, node, chapter_text):
+    """Whether every statement of the body of `node` (its docstring aside) is in the chapter's
+    whitespace-normalised text: then a learner can write it from the chapter alone. A body the
+    chapter shows only in part stays written in the skeleton."""
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    return all(" ".join(ast.get_source_segment(source, s).split()) in chapter_text for s in body)
 
 
 def wrap(text, width):
