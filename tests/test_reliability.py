@@ -324,3 +324,20 @@ def test_export_replaces_its_own_folder_but_not_files_added_to_it(tmp_path):
         with atomic_folder(out):
             pass
     assert (out / "notes.md").read_text() == "my notes"
+
+
+# --- library: a model fed bad ids says what it got ------------------------------------------------
+
+
+@pytest.mark.parametrize("ids, error, says", [
+    (torch.tensor([[1.0, 2.0]]), TypeError, "must be integers, got dtype torch.float32"),
+    (torch.tensor([[1, 64]]), ValueError, "token id 64 is outside the vocabulary [0, 64)"),
+    (torch.tensor([[-3, 1]]), ValueError, "token id -3 is outside the vocabulary [0, 64)"),
+    (torch.tensor([1, 2]), ValueError, "got shape (2,): for one sequence use idx.unsqueeze(0)"),
+    (torch.zeros(2, 4, 4, dtype=torch.long), ValueError, "got shape (2, 4, 4)"),
+])
+def test_a_model_fed_bad_ids_names_what_it_got_and_the_fix(ids, error, says):
+    model = GPT(GPTConfig(vocab_size=64, max_seq_len=8, d_model=16, n_layers=1, n_heads=2))
+    with pytest.raises(error) as raised:
+        model(ids)
+    assert says in str(raised.value)
