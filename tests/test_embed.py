@@ -56,35 +56,25 @@ def test_worked_example_sums_by_hand(capsys):
     assert lines[3].endswith("= [0.39, 0.50, 0.61]")  # token 1 again, now at position 3
 
 
-@pytest.mark.parametrize(
-    "idx, error, match",
-    [
-        (torch.zeros(1, 65, dtype=torch.long), ValueError, "T=65 exceeds max_seq_len=64"),
-        (torch.tensor([[1, 4096]]), ValueError, "token id 4096 is outside the vocabulary"),
-        (torch.tensor([[-1, 2]]), ValueError, "token id -1 is outside the vocabulary"),
-        (torch.tensor([[1.0, 2.0]]), TypeError, "must be integers, got dtype torch.float32"),
-        (torch.tensor([1, 2, 3]), ValueError, r"\(B, T\) batch .* got shape \(3,\).*unsqueeze"),
-        (torch.zeros(1, 2, 3, dtype=torch.long), ValueError, r"got shape \(1, 2, 3\)"),
-        ([[1, 2]], TypeError, "must be a torch.Tensor, got list"),
-    ],
-)
-def test_bad_ids_are_refused_with_the_fix(idx, error, match):
+BAD_IDS = [
+    (torch.zeros(1, 65, dtype=torch.long), ValueError, "T=65 exceeds max_seq_len=64"),
+    (torch.tensor([[1, 4096]]), ValueError, "token id 4096 is outside the vocabulary"),
+    (torch.tensor([[-1, 2]]), ValueError, "token id -1 is outside the vocabulary"),
+    (torch.tensor([[1.0, 2.0]]), TypeError, "must be integers, got dtype torch.float32"),
+    (torch.tensor([1, 2, 3]), ValueError, r"\(B, T\) batch .* got shape \(3,\).*unsqueeze"),
+    (torch.zeros(2, 4, 4, dtype=torch.long), ValueError, r"got shape \(2, 4, 4\)"),
+    ([[1, 2]], TypeError, "must be a torch.Tensor, got list"),
+]
+
+
+@pytest.mark.parametrize("idx, error, match", BAD_IDS)
+def test_bad_ids_are_refused_with_the_fix_where_they_enter(idx, error, match):
     with pytest.raises(error, match=match):
-        check_ids(idx, 4096, 64)  # where ids enter: get_batch's data, a prompt
+        check_ids(idx, 4096, 64)  # where ids enter: a data file, a prompt
 
 
-@pytest.mark.parametrize(
-    "idx, error, match",
-    [
-        (torch.zeros(1, 65, dtype=torch.long), ValueError, "T=65 exceeds max_seq_len=64"),
-        (torch.tensor([[1, 4096]]), ValueError, "token id 4096 is outside the vocabulary"),
-        (torch.tensor([[-1, 2]]), ValueError, "token id -1 is outside the vocabulary"),
-        (torch.tensor([[1.0, 2.0]]), TypeError, "must be integers, got dtype torch.float32"),
-        (torch.tensor([1, 2, 3]), ValueError, r"got shape \(3,\).*unsqueeze"),
-        (torch.zeros(2, 4, 4, dtype=torch.long), ValueError, r"got shape \(2, 4, 4\)"),
-    ],
-)
-def test_the_forward_refuses_bad_ids_and_names_them(idx, error, match):
+@pytest.mark.parametrize("idx, error, match", BAD_IDS)
+def test_the_forward_refuses_the_same_ids_and_names_them(idx, error, match):
     with pytest.raises(error, match=match):
         Embed(4096, 128, 64)(idx)
 
