@@ -84,8 +84,10 @@ def expected_messages(test_file):
     constants and the `match` column of `pytest.mark.parametrize` tables."""
     import ast
 
-    found = []
-    for node in ast.walk(ast.parse(test_file.read_text())):
+    found, tree = [], ast.parse(test_file.read_text())
+    tables = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name)}  # BAD_IDS = [...] used by a table
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         name = ast.unparse(node.func)
@@ -94,9 +96,11 @@ def expected_messages(test_file):
                       and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)]
         if name.endswith("parametrize") and isinstance(node.args[0], ast.Constant):
             columns = [c.strip() for c in str(node.args[0].value).split(",")]
-            if "match" in columns and isinstance(node.args[1], (ast.List, ast.Tuple)):
+            rows = node.args[1]
+            rows = tables.get(rows.id, rows) if isinstance(rows, ast.Name) else rows
+            if "match" in columns and isinstance(rows, (ast.List, ast.Tuple)):
                 at = columns.index("match")
-                for row in node.args[1].elts:
+                for row in rows.elts:
                     if isinstance(row, ast.Tuple) and isinstance(row.elts[at], ast.Constant):
                         found.append(row.elts[at].value)
     return found
