@@ -12,7 +12,6 @@ import collections
 import itertools
 import json
 import os
-import shlex
 import socket
 import sys
 from contextlib import ExitStack
@@ -24,10 +23,17 @@ from tqdm import tqdm
 
 from tiny_llm.files import atomic_path, check_writable, explain_full_disk
 from tiny_llm.paths import DATA_DIR, check_data_dir
+from tiny_llm.prepared import (  # noqa: F401 (FILES and load_meta: for the later steps' imports)
+    FILES,
+    MAKE_IT,
+    load_meta,
+    missing_files,
+    read_meta,
+    rebuild_command,
+)
 from tiny_llm.sample_stories import generate_stories
 from tiny_llm.tokenize import EOT, VOCAB_SIZE, load_tokenizer, tokenizer_sha256, train_tokenizer
 
-FILES = ("tokenizer.json", "train.bin", "valid.bin", "meta.json")
 SAMPLE = {"train": (5000, 0), "valid": (500, 1)}  # (stories, seed): ~3 MB and ~0.3 MB of text
 TOKENIZER_MAX_BYTES = 20_000_000  # the tokenizer learns from the first 20 MB of train text
 VALID_TAIL_MAX = 1000  # a PATH without --valid gives its last 5% of stories, at most 1,000
@@ -35,7 +41,6 @@ BATCH_STORIES = 1024  # stories per encode_batch call
 READERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 ALTERNATIVES = ("use `--source sample` (the offline corpus) or `--source PATH` (a .txt file with "
                 f"stories separated by {EOT} lines, or .jsonl/.json/.parquet with a 'text' field)")
-MAKE_IT = "prepare the data with `uv run python -m tiny_llm.data`"
 TEXT_BYTES = {"sample": 3_300_000, "tinystories": 1_920_000_000}  # to tell a full disk's need
 
 
@@ -217,81 +222,6 @@ def needed_bytes(source, valid=None, first=None):
     if first and len(first) == 2:  # both splits cut: TinyStories' stories average under 1 KB
         text = min(text, 1000 * sum(first.values()))
     return text // 2 + 1_000_000
-
-
-def missing_files(data_dir=DATA_DIR):  # the prepared files that are not there
-    return [name for name in FILES if not (Path(data_dir) / name).is_file()]
-
-
-def read_meta(data_dir=DATA_DIR):
-    """The dict in data_dir/meta.json as it stands: source, vocab size, tokenizer sha256, counts
-    per split. load_meta() also checks the files beside it."""
-    path = Path(check_data_dir(data_dir)) / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no {path}: {MAKE_IT}")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}): it was cut short or edited; prepare "
-                         f"the data again with {rebuild_command(data_dir)}") from None
-
-
-def load_meta(data_dir=DATA_DIR):
-    """read_meta(), once the files beside meta.json are checked to be the ones it describes:
-    a folder missing some of them, or holding another tokenizer, is refused with the fix."""
-    missing = missing_files(check_data_dir(data_dir))
-    if len(missing) == len(FILES):
-        raise FileNotFoundError(f"no prepared data in {data_dir}: {MAKE_IT}")
-    meta = read_meta(data_dir) if "meta.json" not in missing else None
-    if missing:
-        present = [name for name in FILES if name not in missing]
-        raise FileNotFoundError(
-            f"{data_dir} holds {', '.join(present)} but not {', '.join(missing)}: a preparation "
-            "was interrupted, or a file was moved or deleted. Nothing was changed there (the "
-            f"files may come from your own corpus); prepare it again with "
-            f"{rebuild_command(data_dir, meta)}")
-    check_files(data_dir, meta)
-    return meta
-
-
-def check_files(data_dir, meta):
-    """Raise unless the files are the ones meta.json describes: the token files of the sizes it
-    records, and the tokenizer of the sha256 it records (ids mean something only under the
-    tokenizer that wrote them)."""
-    for split in ("train", "valid"):
-        tokens, expected = Path(data_dir, f"{split}.bin").stat().st_size // 2, meta[split]["tokens"]
-        if tokens != expected:
-            raise ValueError(f"{data_dir}/{split}.bin holds {tokens:,} tokens, meta.json says "
-                             f"{expected:,}: the file is truncated or stale; prepare the folder "
-                             f"again with {rebuild_command(data_dir, meta)}")
-    path = Path(data_dir) / "tokenizer.json"
-    found = tokenizer_sha256(path)
-    if found == meta["tokenizer_sha256"]:
-        return
-    try:
-        vocab = f"{load_tokenizer(path).get_vocab_size():,} tokens"
-    except Exception:  # not a tokenizer the course can use: the message still names its hash
-        vocab = "not a readable tokenizer"
-    raise ValueError(
-        f"{path} is not the tokenizer the token files in {data_dir} were written with: its "
-        f"sha256 is {found[:12]}... ({vocab}), meta.json records {meta['tokenizer_sha256'][:12]}"
-        f"... ({meta['vocab_size']:,} tokens). Training or evaluating on the pair would give "
-        "garbage. Put back the tokenizer.json that came with the files, or prepare the folder "
-        f"again with {rebuild_command(data_dir, meta)}")
-
-
-def rebuild_command(data_dir, meta=None):
-    """The command that prepares data_dir again, from what its meta.json says when it is there."""
-    meta = meta or {}
-    words = ["uv run python -m tiny_llm.data --source", shlex.quote(meta.get("source", "SOURCE"))]
-    if Path(data_dir).resolve() != DATA_DIR.resolve():
-        words += ["--data-dir", shlex.quote(str(data_dir))]
-    for split, n in (meta.get("first_stories") or {}).items():
-        words += [f"--{split}-stories", str(n)]
-    command = f"`{' '.join(words)}`"
-    if "source" not in meta:
-        command += " (SOURCE: sample, tinystories, or the corpus file the folder was made from)"
-    return command
 
 
 def ensure_data(data_dir=DATA_DIR):

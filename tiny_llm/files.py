@@ -27,7 +27,10 @@ def temporary_name(path, pid=None):
 
 def process_alive(pid):
     """True unless process `pid` is known to be gone (on Windows, where os.kill would end the
-    process instead of asking about it, every process counts as alive)."""
+    process instead of asking about it, every process counts as alive). No process has a PID
+    of 0 or less: such a number is a garbled record, and its process is gone."""
+    if pid <= 0:
+        return False
     if os.name == "nt":
         return True
     try:

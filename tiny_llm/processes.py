@@ -8,6 +8,8 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from tiny_llm.files import process_alive
+
 LOCK_NAME = "train.lock"
 
 
@@ -80,21 +82,6 @@ def lock_holder(lock, grace_s=10.0):
     except (OSError, ValueError):  # gone meanwhile, or not a number
         return 0
     return None if starting else 0
-
-
-def process_alive(pid):
-    """True if process `pid` exists (os.kill with signal 0 checks without sending anything)."""
-    if pid <= 0:
-        return False
-    if os.name == "nt":  # there os.kill would end the process: assume it lives (the error
-        return True  # says to delete the lock if no run holds it)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, and belongs to another user
-        return True
-    return True
 
 
 # --- step 16: what the training loop needs to know about other processes ------------------
