@@ -103,12 +103,14 @@ def check_writable(folder, what="this folder"):
 
 def is_disk_full(err):
     """True if an error means the disk is full: ENOSPC (or EDQUOT, a quota), the same said in
-    words (tokenizers' "os error 28"), or NumPy's short write ("155202 requested and 57554
-    written"), which carries no errno."""
+    words (tokenizers' "os error 28"), NumPy's short write ("155202 requested and 57554
+    written") or torch.save's (a RuntimeError from its zip writer), which carry no errno."""
     codes = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
     text = str(err)
     return (getattr(err, "errno", None) in codes or "No space left on device" in text
-            or bool(re.search(r"\d+ requested and \d+ written", text)))
+            or bool(re.search(r"\d+ requested and \d+ written", text))
+            or any(s in text for s in ("inline_container", "PytorchStreamWriter",
+                                       "file write failed")))
 
 
 @contextmanager

@@ -9,7 +9,6 @@ A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 
 """
 
 import argparse
-import errno
 import math
 import shlex
 import sys
@@ -42,6 +41,7 @@ from tiny_llm.device import (
     resolve_dtype,
     seed_everything,
 )
+from tiny_llm.files import is_disk_full
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.loss import mean_loss
 from tiny_llm.muon import muon_adamw
@@ -324,12 +324,9 @@ def explain_failed_save(ckpt_path, step, cfg):
     try:
         yield
     except (OSError, RuntimeError) as err:
-        # torch.save reports a short write from its C++ zip writer as a RuntimeError
-        torch_write = isinstance(err, RuntimeError) and any(
-            s in str(err) for s in ("inline_container", "PytorchStreamWriter", "file write failed"))
-        if not (isinstance(err, OSError) or torch_write):
+        full = is_disk_full(err)  # torch.save says a short write in a RuntimeError
+        if isinstance(err, RuntimeError) and not full:
             raise
-        full = torch_write or getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
         why = "the disk is full" if full else (getattr(err, "strerror", None) or str(err))
         kept = (f"{ckpt_path} still holds the previous save, whole" if ckpt_path.exists()
                 else "nothing was saved before")
