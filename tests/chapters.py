@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiny_llm.buildup import (  # noqa: F401 (re-exported for the tests)
+    FENCE,
     console_commands,
     line_matches,
     output_matches,
@@ -36,7 +37,6 @@ from tiny_llm.buildup import (  # noqa: F401 (re-exported for the tests)
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "steps"
 
-FENCE = re.compile(r"^(`{3,})([^\n`]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
 SOURCE_HEADER = re.compile(r"^#\s*((?:tiny_llm|scripts|tests)/[\w/.-]+\.py)\s*$")
 CHECK_OPTIONS = re.compile(r"<!--\s*check:(.*?)-->\s*$")
 ELISION = re.compile(r"^\s*#\s*\.\.\.\s*$")

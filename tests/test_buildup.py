@@ -7,6 +7,7 @@ it differs from the finished package: otherwise the rest of the suite already ra
 chapter's console blocks run on its state in tests/test_chapters.py.
 """
 
+import ast
 import os
 import shutil
 import sys
@@ -15,7 +16,7 @@ import pytest
 from chapters import run_python
 
 from tiny_llm import buildup
-from tiny_llm.buildup import ROOT, STEPS, ChangeError, apply, signature, state
+from tiny_llm.buildup import ROOT, STEPS, ChangeError, apply, state
 
 LAST = len(STEPS)
 
@@ -35,6 +36,19 @@ def test_the_state_at_the_last_step_is_the_finished_package(tmp_path):
     assert workalong.main(["--state", str(LAST), "--out", str(tmp_path)]) == 0
     written = {p.name: p.read_text() for p in (tmp_path / "tiny_llm").glob("*.py")}
     assert written == {p.name: p.read_text() for p in (ROOT / "tiny_llm").glob("*.py")}
+
+
+def signature(files, qualified):
+    """Parameter names of 'Class.method' or 'function' in `files`, e.g. ['self', 'idx']."""
+    owner, _, name = qualified.rpartition(".")
+    for text in files.values():
+        tree = ast.parse(text)
+        scopes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner]
+        for scope in scopes if owner else [tree]:
+            for node in scope.body:
+                if isinstance(node, ast.FunctionDef) and node.name == name:
+                    return [a.arg for a in node.args.args + node.args.kwonlyargs]
+    raise KeyError(f"no {qualified} in the package")
 
 
 def test_each_step_shows_its_own_code_and_no_later_hook():
@@ -108,8 +122,6 @@ for folder in sorted(pathlib.Path({str(states)!r}).iterdir()):
 
 def step_test_modules(step):
     """The course modules that step `step`'s tests (and its solutions) use, directly or not."""
-    import ast
-
     used = set()
     module = STEPS[step - 1]
     for path in [ROOT / "tests" / f"test_{module}.py",

@@ -203,19 +203,6 @@ def _nodes(text):
     return list(ast.walk(ast.parse(text)))
 
 
-def signature(files, qualified):
-    """Parameter names of 'Class.method' or 'function' in `files`, e.g. ['self', 'idx']."""
-    owner, _, name = qualified.rpartition(".")
-    for text in files.values():
-        tree = ast.parse(text)
-        scopes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner]
-        for scope in scopes if owner else [tree]:
-            for node in scope.body:
-                if isinstance(node, ast.FunctionDef) and node.name == name:
-                    return [a.arg for a in node.args.args + node.args.kwonlyargs]
-    raise KeyError(f"no {qualified} in the package")
-
-
 # What a command printed against what a chapter shows (tests/chapters.py has the rules): text
 # exactly, runs of spaces as one; `...` any text; integers exactly; decimals within 1% or two
 # units of the last printed digit, or a relative tolerance the chapter states.

@@ -204,10 +204,12 @@ class BusyWatch:
         self.warned = False
 
     def step(self):
+        if self.warned:  # once said, nothing more to measure
+            return None
         now = (self.wall(), self.cpu())
         self.steps.append((now[0] - self.last[0], now[1] - self.last[1]))
         self.last = now
-        if self.warned or len(self.steps) <= self.first:
+        if len(self.steps) <= self.first:
             return None
         message = self._diagnose()
         self.warned = message is not None

@@ -29,9 +29,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from tiny_llm import buildup
-from tiny_llm.buildup import ROOT, STEPS
+from tiny_llm.buildup import ROOT, STEPS, squash
 
-SOURCE_HEADER = re.compile(r"^```[^\n]*\n#\s*tiny_llm/(\w+)\.py[ \t]*\n(.*?)^```", re.S | re.M)
 LINKED = ("tests", "solutions", "scripts", "steps")  # what the tests read from the repository
 
 
@@ -71,7 +70,7 @@ def explanation(text, start, end):
     before it in its section, else the first one after it; on one line."""
     def prose(part):
         part = re.sub(r"```.*?```", "\n\n", part, flags=re.S)
-        return [" ".join(p.split()) for p in re.split(r"\n\s*\n", part)
+        return [squash(p) for p in re.split(r"\n\s*\n", part)
                 if p.strip() and not p.lstrip().startswith(("#", "!", "|", "<!--"))]
 
     section = text[:start].rsplit("\n## ", 1)[-1].split("\n", 1)[-1]
@@ -90,13 +89,15 @@ def shown_in_chapter(module, source):
     code, defs, shown = " ".join(words), list(bodies(ast.parse(source))), {}
     chapter = chapter_of(module)
     text = chapter.read_text().split("\n## Exercises", 1)[0]  # what follows is reference
-    for match in SOURCE_HEADER.finditer(text):
-        if match.group(1) != module:
-            continue
+    for match in buildup.FENCE.finditer(text):
+        first, _, body = match.group(3).partition("\n")
+        header = buildup.FILE_HEADER.match(first)
+        if match.group(2).strip() == "diff" or not header or header.group(1) != f"{module}.py":
+            continue  # a diff is a change to apply to your file, not a body to write
         headings = re.findall(r"^## (.+)$", text[: match.start()], re.M)
         where = f"steps/{chapter.name}" + (f", section '{headings[-1]}'" if headings else "")
-        for piece in re.split(r"^\s*#\s*\.\.\.\s*$", match.group(2), flags=re.M):
-            piece = " ".join(piece.split())
+        for piece in re.split(r"^\s*#\s*\.\.\.\s*$", body, flags=re.M):
+            piece = squash(piece)
             at = code.find(piece) if piece else -1
             if at < 0:
                 continue
@@ -145,7 +146,7 @@ def skeleton(module, everything=False):
     shown = shown_in_chapter(module, source)
     chapter = f"steps/{chapter_of(module).name}"
     todo, tree = [], ast.parse(source)
-    text = " ".join(chapter_of(module).read_text().split("\n## Exercises", 1)[0].split())
+    text = squash(chapter_of(module).read_text().split("\n## Exercises", 1)[0])
     for name, node in bodies(tree):
         asked = name in shown and shown_whole(source, node, text)  # the chapter has every line
         if not (asked or (everything and name != "main")) or name in called_at_import(tree):
@@ -175,7 +176,7 @@ def shown_whole(source, node, chapter_text):
     whitespace-normalised text: then a learner can write it from the chapter alone. A body the
     chapter shows only in part stays written in the skeleton."""
     body = node.body[1:] if ast.get_docstring(node) is not None else node.body
-    return all(" ".join(ast.get_source_segment(source, s).split()) in chapter_text for s in body)
+    return all(squash(ast.get_source_segment(source, s)) in chapter_text for s in body)
 
 
 def wrap(text, width):
