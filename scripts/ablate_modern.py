@@ -12,6 +12,11 @@ Every row keeps the changes above it and adds one:
     +untied        an output head of its own instead of reusing tok_emb (this is ModernGPT
                    with tie_embeddings=False; the row above is ModernGPT's preset)
 
+A second table (`--rows modern modern+qk-norm ...`) starts from the 10-minute CPU recipe and
+tries the speedrunners' changes (step 15's last section), each on its own or several joined by
+"+": a row is a base, `modern` (ModernGPT's cpu preset) or `main` (step 08's GPT as the main
+job trains it), then the changes named in CHANGES.
+
 Each row trains for the same budget of CPU seconds (one thread, so a busy machine slows the
 wall clock but not the budget), its learning-rate schedule sized to end when the budget does,
 then scores the whole valid.bin with tiny_llm.evaluate: bits per byte.
@@ -39,9 +44,44 @@ from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
 from tiny_llm.muon import MuonAdamW, muon_groups
-from tiny_llm.train import TrainConfig, lr_at, param_groups, update_weights
+from tiny_llm.train import (
+    TrainConfig,
+    lr_at,
+    param_groups,
+    update_weights,
+    zero_residual_outputs,
+)
 
 ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+muon", "+gqa", "+untied")
+
+# The speedrunners' changes: (ModernConfig fields, TrainConfig fields). The first five change
+# the model and need ModernGPT; the last three change the recipe and apply to either base.
+CHANGES = {
+    "qk-norm": ({"qk_norm": True}, {}),
+    "relu2": ({"mlp": "relu2", "d_ff": "4d"}, {}),  # "4d": four times the preset's width
+    "value-embeds": ({"value_embeds": True}, {}),
+    "x0-mix": ({"x0_mix": True}, {}),
+    "softcap": ({"logit_softcap": 15.0}, {}),
+    "zero-init": ({}, {"zero_init": True}),
+    "momentum-warmup": ({}, {"momentum_warmup": 200}),
+    "wsd": ({}, {"cooldown": 0.4}),
+}
+BASES = {"modern": {"lr": 3e-3}, "main": {"lr": 5e-3}}  # each base's peak learning rate
+
+
+def parse_row(row):
+    """'modern+relu2+wsd' -> ('modern', model fields, recipe fields); a clear error otherwise."""
+    base, *names = row.split("+")
+    unknown = [n for n in names if n not in CHANGES]
+    if base not in BASES or unknown or base == "main" and any(CHANGES[n][0] for n in names):
+        raise SystemExit(f"error: row {row!r}: a row is modern or main, then +changes from "
+                         f"{', '.join(CHANGES)} (main takes only the recipe's: zero-init, "
+                         "momentum-warmup, wsd)")
+    model, recipe = {}, dict(BASES[base])
+    for name in names:
+        model.update(CHANGES[name][0])
+        recipe.update(CHANGES[name][1])
+    return base, model, recipe
 
 
 def add_biases(model):
@@ -50,6 +90,16 @@ def add_biases(model):
         if isinstance(m, nn.Linear) and m.bias is None and name != "lm_head":
             m.bias = nn.Parameter(torch.zeros(m.out_features))
     return model
+
+
+def build_speedrun(row, vocab_size, preset="cpu", context=128):
+    """The model of a speedrun row, freshly initialised (seed it first), and its recipe."""
+    base, changes, recipe = parse_row(row)
+    if base == "main":
+        return GPT(replace(GPT_PRESETS[preset], vocab_size=vocab_size, max_seq_len=context)), recipe
+    config = replace(PRESETS[preset], vocab_size=vocab_size, max_seq_len=context)
+    changes = {k: 4 * config.d_model if v == "4d" else v for k, v in changes.items()}
+    return ModernGPT(replace(config, **changes)), recipe
 
 
 def build(row, vocab_size, preset="cpu", context=64):
@@ -77,8 +127,9 @@ def build(row, vocab_size, preset="cpu", context=64):
     return add_biases(model) if row in ("+rope", "+swiglu") else model
 
 
-def train_for(model, data, seconds, cfg, muon=False):
-    """Train for `seconds` of this process's CPU time; return (steps, cpu s, wall s, loss)."""
+def train_for(model, data, seconds, cfg, muon=False, steps=0):
+    """Train for `seconds` of this process's CPU time, or for `steps` updates if given; return
+    (steps, cpu s, wall s, loss)."""
     if muon:
         optimizer = MuonAdamW(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
     else:
@@ -86,15 +137,16 @@ def train_for(model, data, seconds, cfg, muon=False):
                                       betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(cfg.seed)
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    step, total, warmup, losses = 0, 10**9, 100, []
+    warmup = min(100, max(1, steps // 15)) if steps else 100  # time: re-sized at step 10
+    step, total, losses = 0, steps or 10**9, []
     while step < total:
         used = time.process_time() - cpu0
-        if step in (10, 50) or step % 100 == 0 and step > 0:  # size the schedule to the budget
+        if not steps and (step in (10, 50) or step % 100 == 0 and step > 0):  # fit the budget
             total = max(step + 1, int(step * seconds / used))
             warmup = min(warmup, max(1, total // 15)) if step == 10 else warmup
-        if used >= seconds:
+        if used >= seconds and not steps:
             break
-        lr = lr_at(step, cfg.lr, cfg.min_lr, warmup, total)
+        lr = lr_at(step, cfg.lr, cfg.min_lr, warmup, total, cfg.cooldown)
         losses.append(update_weights(model, optimizer, data, cfg, torch.device("cpu"), generator,
                                      lr, step))
         step += 1
@@ -105,17 +157,25 @@ def train_for(model, data, seconds, cfg, muon=False):
 def run_row(row, seed, args, meta, train_data, valid_data):
     """Train and score one row with one seed; returns the record of the table."""
     seed_everything(seed)
-    model = build(row, meta["vocab_size"], args.preset, args.context)
-    cfg = replace(TrainConfig(), seed=seed, dtype="float32", lr=args.lr, min_lr=args.lr / 10)
-    muon = ROWS.index(row) >= ROWS.index("+muon")  # every row from +muon on trains with Muon
-    steps, cpu_s, wall_s, train_loss = train_for(model, train_data, args.seconds, cfg, muon)
+    if row in ROWS:  # the LLaMA table: AdamW above +muon, a floor of a tenth of the peak
+        model = build(row, meta["vocab_size"], args.preset, args.context or 64)
+        cfg = replace(TrainConfig(), seed=seed, dtype="float32", lr=args.lr, min_lr=args.lr / 10)
+        muon = ROWS.index(row) >= ROWS.index("+muon")  # every row from +muon on trains with Muon
+    else:  # a speedrun row: Muon, decay to 0, as the 10-minute runs train
+        model, recipe = build_speedrun(row, meta["vocab_size"], args.preset, args.context or 128)
+        cfg = replace(TrainConfig(), seed=seed, dtype="float32", min_lr=0.0, **recipe)
+        muon = True
+        if cfg.zero_init:
+            zero_residual_outputs(model)
+    steps, cpu_s, wall_s, train_loss = train_for(model, train_data, args.seconds, cfg, muon,
+                                                 args.steps)
     tokens = steps * cfg.batch_size * model.config.max_seq_len
     scored = evaluate_loss(model, valid_data)
     bpb = bits_per_byte(scored["loss"], meta["valid"]["tokens"], meta["valid"]["bytes"])
     return {"row": row, "seed": seed, "params": model.num_params(), "steps": steps,
             "tokens": tokens, "cpu_s": round(cpu_s, 1), "wall_s": round(wall_s, 1),
             "tokens_per_cpu_s": round(tokens / cpu_s), "train_loss": round(train_loss, 4),
-            "val_loss": round(scored["loss"], 4), "val_bpb": round(bpb, 4), "lr": args.lr}
+            "val_loss": round(scored["loss"], 4), "val_bpb": round(bpb, 4), "lr": cfg.lr}
 
 
 def read(paths):
@@ -126,16 +186,18 @@ def read(paths):
 def report(paths):
     """Print one line per row: params, steps, tokens/s, val bits per byte per seed and mean."""
     records = read(paths)
-    print(f"{'row':<10} {'params':>10} {'steps':>11} {'tok/cpu-s':>10} {'val bpb, each seed':>20}"
-          f" {'mean':>7}")
-    for row in ROWS:
+    rows = list(dict.fromkeys([*ROWS, *(r["row"] for r in records)]))  # in the order first run
+    width = max(10, *(len(r) for r in rows))
+    print(f"{'row':<{width}} {'params':>10} {'steps':>11} {'tok/cpu-s':>10} "
+          f"{'val bpb, each seed':>20} {'mean':>7}")
+    for row in rows:
         runs = sorted((r for r in records if r["row"] == row), key=lambda r: r["seed"])
         if not runs:
             continue
         bpb = [r["val_bpb"] for r in runs]
         steps = "/".join(str(r["steps"]) for r in runs)
         speed = statistics.mean(r["tokens_per_cpu_s"] for r in runs)
-        print(f"{row:<10} {runs[0]['params']:>10,} {steps:>11} {speed:>10,.0f} "
+        print(f"{row:<{width}} {runs[0]['params']:>10,} {steps:>11} {speed:>10,.0f} "
               f"{' '.join(f'{b:.4f}' for b in bpb):>20} {statistics.mean(bpb):>7.4f}")
 
 
@@ -144,7 +206,8 @@ def plot(paths, out):
     from matplotlib.figure import Figure
 
     records = read(paths)
-    rows = [row for row in ROWS if any(r["row"] == row for r in records)]
+    rows = list(dict.fromkeys([*(r for r in ROWS if any(x["row"] == r for x in records)),
+                               *(x["row"] for x in records)]))
     fig = Figure(figsize=(8, 3.6), layout="constrained")
     ax = fig.subplots()
     for i, row in enumerate(rows):
@@ -164,12 +227,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default="data", help="prepared data (tiny_llm.data)")
     parser.add_argument("--seconds", type=float, default=120.0, help="CPU seconds per run")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="train every row for this many updates instead (0: --seconds)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--rows", nargs="+", default=list(ROWS),
+                        help=f"{' '.join(ROWS)}, or speedrun rows like modern+relu2 (CHANGES)")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak (the recorded table's)")
     parser.add_argument("--preset", default=TrainConfig.preset, choices=sorted(PRESETS),
                         help="the size of every row (both models have it)")
-    parser.add_argument("--context", type=int, default=64, help="every row's context length")
+    parser.add_argument("--context", type=int, default=0,
+                        help="every row's context length (default: 64 for the LLaMA table, "
+                             "128 for speedrun rows)")
     parser.add_argument("--out", default="ablation.jsonl", help="one JSON line per run, appended")
     parser.add_argument("--report", nargs="+", metavar="JSONL", help="print the table and stop")
     parser.add_argument("--plot", metavar="PNG", help="with --report: also draw the table")
@@ -179,6 +247,9 @@ def main():
         if args.plot:
             print(f"picture {plot(args.report, args.plot)}")
         return
+    for row in args.rows:
+        if row not in ROWS:
+            parse_row(row)  # a misspelt row stops here, not after an hour of the others
     torch.set_num_threads(1)  # the budget is CPU time: one thread makes it a fair clock
     data_dir = Path(args.data_dir)
     meta = load_meta(data_dir)

@@ -261,6 +261,25 @@ def test_a_modern_gpt_exports_as_llama_with_equal_logits_and_story(sample_data_d
     assert len(theirs) == 44 and ours[:33] == theirs[:33] and ours != theirs
 
 
+def test_a_modern_gpt_with_speedrun_parts_is_refused_by_the_llama_export(sample_data_dir,
+                                                                         tmp_path):
+    from tiny_llm.modern import ModernConfig, ModernGPT
+
+    vocab = load_tokenizer(sample_data_dir / "tokenizer.json").get_vocab_size()
+    config = ModernConfig(vocab_size=vocab, max_seq_len=16, d_model=32, n_layers=2, n_heads=4,
+                          n_kv_heads=2, d_ff=128, mlp="relu2", qk_norm=True, value_embeds=True,
+                          x0_mix=True, logit_softcap=15.0)
+    save_checkpoint(tmp_path / "ckpt.pt", {
+        "model": ModernGPT(config).state_dict(), "config": asdict(config), "step": 1,
+        "tokenizer_sha256": tokenizer_sha256(sample_data_dir / "tokenizer.json"),
+        "model_class": "tiny_llm.modern.ModernGPT"})
+    with pytest.raises(ValueError, match=r"a ReLU² feed-forward \(mlp='relu2'\), QK-norm, value "
+                       r"embeddings, x0 mixing, logit soft-capping at 15: transformers' "
+                       r"LlamaForCausalLM has no such parts"):
+        export(tmp_path / "ckpt.pt", tmp_path / "hf", data_dir=sample_data_dir)
+    assert not (tmp_path / "hf").exists()
+
+
 def test_a_batch_of_prompts_goes_through_the_pipeline_as_each_alone(exported, sample_data_dir):
     model, folder = exported
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)

@@ -1,4 +1,5 @@
 import importlib.util
+import json
 import math
 import os
 from dataclasses import replace
@@ -17,6 +18,7 @@ from tiny_llm.modern import (
     Attention,
     ModernConfig,
     ModernGPT,
+    ReLU2,
     RMSNorm,
     RotaryEmbedding,
     SwiGLU,
@@ -456,3 +458,104 @@ def test_grouped_query_heads_attend_like_repeated_heads():
     torch.testing.assert_close(attend(q, k, v), repeated)
     with pytest.raises(ValueError, match="3 queries after 2 cached keys"):
         attend(q[:, :, :3], k, v)
+
+
+# --- the speedrunners' parts (step 15's last section) ------------------------------------------
+
+SPEEDRUN = replace(TINY, mlp="relu2", d_ff=128, qk_norm=True, value_embeds=True, x0_mix=True,
+                   logit_softcap=15.0)
+
+
+def test_relu2_is_w2_of_squared_relu_w1_with_swiglus_weights_at_4d():
+    torch.manual_seed(0)
+    mlp, x = ReLU2(32, 128), torch.randn(2, 5, 32)
+    expected = F.relu(x @ mlp.w1.weight.T).square() @ mlp.w2.weight.T
+    torch.testing.assert_close(mlp(x), expected)
+    assert sum(p.numel() for p in mlp.parameters()) == 2 * 4 * 32 * 32  # 8·d², as SwiGLU's
+    assert isinstance(ModernGPT(SPEEDRUN).blocks[0].feed_forward, ReLU2)
+
+
+def test_qk_norm_makes_the_scores_blind_to_the_scale_of_wq_and_wk():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 32)
+    for qk_norm, same in ((True, True), (False, False)):
+        attn = Attention(replace(TINY, qk_norm=qk_norm))
+        before = attn(x)
+        with torch.no_grad():
+            attn.wq.weight.mul_(30)
+            attn.wk.weight.mul_(30)
+        assert torch.allclose(attn(x), before, atol=1e-5) == same
+
+
+def test_the_speedrun_parts_start_as_the_model_without_them():
+    """Value embeddings start at zero and x0 mixing reads x alone, so with the same weights the
+    logits are the LLaMA model's; a soft cap of 15 barely moves logits this small."""
+    torch.manual_seed(0)
+    plain = ModernGPT(TINY).eval()
+    parts = ModernGPT(replace(TINY, value_embeds=True, x0_mix=True)).eval()
+    parts.load_state_dict(plain.state_dict(), strict=False)
+    idx = torch.randint(0, 64, (2, 16))
+    torch.testing.assert_close(parts(idx)[0], plain(idx)[0])
+    with torch.no_grad():
+        parts.value_embeds[1].weight.normal_()
+        parts.x0_scale.fill_(0.5)
+    assert (parts(idx)[0] - plain(idx)[0]).abs().max() > 1e-2
+
+
+def test_a_soft_cap_bounds_every_logit():
+    torch.manual_seed(0)
+    model = ModernGPT(replace(TINY, logit_softcap=15.0)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1000)  # tied: the embedding grows too
+        logits = model(torch.randint(0, 64, (2, 16)))[0]
+    assert logits.abs().max() <= 15.0 and logits.abs().max() > 14.0
+
+
+def test_every_speedrun_part_trains_decodes_with_the_cache_and_is_checked():
+    torch.manual_seed(0)
+    model = ModernGPT(SPEEDRUN)
+    with torch.no_grad():
+        for table in model.value_embeds:
+            table.weight.normal_(std=0.5)
+        model.x0_scale.fill_(0.3)
+    idx = torch.randint(0, 64, (2, 16))
+    model(idx, idx)[1].backward()
+    assert model.value_embeds[0].weight.grad.abs().sum() > 0 and model.x0_scale.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        full = model(idx[:1])[0]
+        cache = KVCache(model.config)
+        steps = torch.cat([model(idx[:1, t:t + 1], cache=cache)[0] for t in range(16)], dim=1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-4)
+    for change, match in (({"mlp": "gelu"}, "mlp must be swiglu or relu2"),
+                          ({"logit_softcap": -1.0}, "logit_softcap must be 0")):
+        with pytest.raises(ValueError, match=match):
+            replace(TINY, **change)
+
+
+def test_the_recipe_wsd_schedule_muon_momentum_warmup_and_zero_init(sample_data_dir, tmp_path):
+    from tiny_llm.muon import muon_momentum
+    from tiny_llm.train import TrainConfig, lr_at, train, zero_residual_outputs
+
+    # warmup-stable-decay: the peak until the last 40% of 1,000 steps, then straight to the floor
+    assert [lr_at(s, 1e-3, 1e-4, 100, 1000, cooldown=0.4) for s in (99, 600, 800, 1000)] == \
+        pytest.approx([1e-3, 1e-3, 5.5e-4, 1e-4])
+    assert [muon_momentum(s, 300) for s in (0, 150, 300, 900)] == pytest.approx(
+        [0.85, 0.90, 0.95, 0.95])
+    model = zero_residual_outputs(ModernGPT(TINY))
+    assert all(b.attention.wo.weight.abs().sum() == 0 and b.feed_forward.w2.weight.abs().sum()
+               == 0 for b in model.blocks)
+    assert model.blocks[0].attention.wq.weight.abs().sum() > 0
+    with pytest.raises(ValueError, match="cooldown is the fraction"):
+        TrainConfig(cooldown=1.5)
+    cfg = TrainConfig(model="modern", preset="tiny", max_steps=6, eval_interval=6, eval_iters=1,
+                      batch_size=2, out=str(tmp_path), data_dir=str(sample_data_dir),
+                      cooldown=0.5, momentum_warmup=4, zero_init=True, warmup_steps=2)
+    train(cfg)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["lr"] / cfg.lr for r in log if r["step"] > 0] == pytest.approx(
+        [1 / 2, 1, 1, 1, 2 / 3, 1 / 3])  # warmup 2, the peak, the last half straight down
+    assert ckpt["model"]["blocks.0.attention.wo.weight"].abs().sum() > 0  # zero, then learned
+    muon_group = next(g for g in ckpt["optimizer"]["param_groups"] if g["muon"])
+    assert muon_group["momentum"] == pytest.approx(0.95)  # step 5 of a 4-step warmup

@@ -119,6 +119,16 @@ def to_llama(model):
     return copy_weights(model, tf.LlamaForCausalLM(config), LLAMA_NAMES)
 
 
+def llama_misfit(c):
+    """The parts of a ModernConfig that LlamaForCausalLM has no place for (step 15's speedrun
+    parts), by name; empty for a LLaMA-style config. Zero-initialised projections, Muon's
+    momentum warmup and the schedule shape only the training: they export like any weights."""
+    return [part for part, used in (
+        ("a ReLU² feed-forward (mlp='relu2')", c.mlp != "swiglu"), ("QK-norm", c.qk_norm),
+        ("value embeddings", c.value_embeds), ("x0 mixing", c.x0_mix),
+        (f"logit soft-capping at {c.logit_softcap:g}", c.logit_softcap > 0)) if used]
+
+
 EXPORTS = {MODELS["gpt"]: to_gpt2, MODELS["modern"]: to_llama}  # by the class a checkpoint names
 
 
@@ -222,6 +232,12 @@ def export(checkpoint, out, data_dir=DATA_DIR):
         raise ValueError(f"{checkpoint} holds a {kind}; export knows {' and '.join(EXPORTS)}: "
                          "pass a checkpoint that tiny_llm.train wrote for one of them")
     model = build_model(kind, ckpt["config"])  # step 15's module is imported only if named
+    if kind == MODELS["modern"] and (parts := llama_misfit(model.config)):
+        raise ValueError(f"{checkpoint} holds a ModernGPT with {', '.join(parts)}: "
+                         "transformers' LlamaForCausalLM has no such parts, so it cannot be "
+                         "exported as LLaMA. A ModernGPT with LLaMA's parts only exports (train "
+                         "one with --model modern --preset cpu); this one runs with tiny_llm's "
+                         "generate, evaluate and kvcache")
     model.load_state_dict(ckpt["model"])
     tokenizer_file = Path(data_dir) / "tokenizer.json"
     vocab = load_tokenizer(tokenizer_file).get_vocab_size()

@@ -107,16 +107,21 @@ class GPT(nn.Module):
         """
         start = 0 if cache is None else self._check_cache(cache, idx)
         x = self.drop(self.embed(idx, start))  # (B, T, C); Embed checks dtype, rank, length
-        for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer)
+        logits = self.transform(x, idx, cache)  # (B, T, V)
         if cache is not None:
             cache.length += idx.shape[1]  # every layer has stored the new keys and values
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
         # cross_entropy wants (N, V) scores and (N,) targets: flatten batch and time together
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
+
+    def transform(self, x, idx, cache=None):
+        """The embedded input (B, T, C) -> logits (B, T, V): the blocks, ln_f, the output layer.
+        idx, the ids, is for step 15's speedrun model, whose transform also reads them."""
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        return self.lm_head(self.ln_f(x))
 
     def num_params(self, non_embedding=False):
         """Count parameters; the tied embedding/output matrix is one tensor and counts once.

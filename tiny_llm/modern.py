@@ -64,6 +64,23 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class ReLU2(nn.Module):
+    """Squared-ReLU feed-forward: w2(relu(w1(x))²); (B, T, d_model) -> (B, T, d_model).
+
+    Two matrices 4·d_model wide hold the weights and FLOPs of SwiGLU's three at 8/3·d_model.
+    The square keeps ReLU's zeros and grows fast above them, a sharper choice of units than
+    SwiGLU's gate (So et al., Primer, 2021; modded-nanogpt and nanochat use it)."""
+
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)  # up
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)  # down
+        self.w2.residual_output = True
+
+    def forward(self, x):
+        return self.w2(F.relu(self.w1(x)).square())
+
+
 def swiglu_size(d_model, multiple_of=8):
     """The SwiGLU width with a 4·d GELU MLP's weights, rounded up: 128 -> 344, 384 -> 1024."""
     return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
@@ -96,6 +113,12 @@ class ModernConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True  # the output layer lm_head reuses tok_emb, as step 08 does
     dropout: float = 0.0  # the main job passes it; LLaMA trains without, and so does this model
+    # The speedrunners' parts (step 15's last section); off, the model is LLaMA's.
+    mlp: str = "swiglu"  # or "relu2": w2(relu(w1(x))²), two matrices, d_ff = 4·d_model
+    qk_norm: bool = False  # RMSNorm (no gain) on every query and key head before the scores
+    value_embeds: bool = False  # a table per layer whose row for the token is added to v
+    x0_mix: bool = False  # each block reads λ·x + μ·x0, x0 the embedded input; λ, μ learned
+    logit_softcap: float = 0.0  # cap·tanh(logits / cap) if > 0: no logit beyond ±cap
 
     def __post_init__(self):
         for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads",
@@ -110,6 +133,11 @@ class ModernConfig:
         if self.dropout != 0:
             raise ValueError(f"ModernGPT has no dropout (LLaMA trains without it), got "
                              f"dropout={self.dropout}: leave --dropout at 0")
+        if self.mlp not in ("swiglu", "relu2"):
+            raise ValueError(f"ModernConfig.mlp must be swiglu or relu2, got {self.mlp!r}")
+        if not self.logit_softcap >= 0:
+            raise ValueError(f"logit_softcap must be 0 (off) or a cap > 0, got "
+                             f"{self.logit_softcap}")
         if not (self.rope_theta > 0 and self.norm_eps > 0):
             raise ValueError(f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, "
                              f"{self.norm_eps}")
@@ -142,14 +170,19 @@ class Attention(nn.Module):
         self.wo = nn.Linear(c.n_heads * hs, c.d_model, bias=False)
         self.wo.residual_output = True  # step 07's init_weights starts it smaller
         self.rope = RotaryEmbedding(hs, c.max_seq_len, c.rope_theta)
+        self.qk_norm = c.qk_norm
 
-    def forward(self, x, cache=None, layer=0):
+    def forward(self, x, cache=None, layer=0, ve=None):
         B, T, C = x.shape
         start = 0 if cache is None else cache.length
         # (B, T, heads·hs) -> (B, heads, T, hs), as in step 06
         q = self.wq(x).view(B, T, self.n_heads, self.head_size).transpose(1, 2)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_size).transpose(1, 2)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_size).transpose(1, 2)
+        if ve is not None:  # value embeddings: the token's own row, added to its values
+            v = v + ve.view(B, T, self.n_kv_heads, self.head_size).transpose(1, 2)
+        if self.qk_norm:  # every head's q and k at RMS 1: a score is at most √head_size
+            q, k = F.rms_norm(q, (self.head_size,)), F.rms_norm(k, (self.head_size,))
         q, k = self.rope(q, start), self.rope(k, start)  # v carries content: not turned
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, n_kv_heads, start + T, hs)
@@ -165,10 +198,10 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(c.d_model, c.norm_eps)
         self.attention = Attention(c)
         self.ffn_norm = RMSNorm(c.d_model, c.norm_eps)
-        self.feed_forward = SwiGLU(c.d_model, c.d_ff)
+        self.feed_forward = (ReLU2 if c.mlp == "relu2" else SwiGLU)(c.d_model, c.d_ff)
 
-    def forward(self, x, cache=None, layer=0):
-        x = x + self.attention(self.attention_norm(x), cache, layer)
+    def forward(self, x, cache=None, layer=0, ve=None):
+        x = x + self.attention(self.attention_norm(x), cache, layer, ve)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -189,6 +222,34 @@ class ModernGPT(GPT):
 
     def make_norm(self, c):
         return RMSNorm(c.d_model, c.norm_eps)
+
+    def __init__(self, config):
+        super().__init__(config)
+        c = config
+        if c.value_embeds:  # start at 0: the model starts as it would without them
+            self.value_embeds = nn.ModuleList(
+                nn.Embedding(c.vocab_size, c.n_kv_heads * (c.d_model // c.n_heads))
+                for _ in range(c.n_layers))
+            for table in self.value_embeds:
+                nn.init.zeros_(table.weight)
+        if c.x0_mix:  # block i reads x_scale[i]·x + x0_scale[i]·x0; it starts reading x alone
+            self.x_scale = nn.Parameter(torch.ones(c.n_layers))
+            self.x0_scale = nn.Parameter(torch.zeros(c.n_layers))
+
+    def transform(self, x, idx, cache=None):
+        """Step 08's transform with the speedrunners' parts (each off unless its config says):
+        the embedded input x0 mixed back in before every block, value embeddings looked up
+        from idx, and logits soft-capped."""
+        c, x0 = self.config, x
+        for layer, block in enumerate(self.blocks):
+            if c.x0_mix:
+                x = self.x_scale[layer] * x + self.x0_scale[layer] * x0
+            ve = self.value_embeds[layer](idx) if c.value_embeds else None
+            x = block(x, cache, layer, ve)
+        logits = self.lm_head(self.ln_f(x))
+        if c.logit_softcap:  # ≈ logits while small; never beyond ±cap
+            logits = c.logit_softcap * torch.tanh(logits / c.logit_softcap)
+        return logits
 
     # Meta's names for the parts outside the blocks, as read-only aliases: model.layers[0] is
     # model.blocks[0]. The state_dict keeps step 08's names (embed.tok_emb, blocks.N, ln_f,

@@ -70,6 +70,12 @@ def muon_groups(model, weight_decay):
             {"params": groups["gains"], "muon": False, "weight_decay": 0.0}]
 
 
+def muon_momentum(step, warmup_steps, start=0.85, end=0.95):
+    """Muon's momentum at update `step`: a line from `start` to `end` over warmup_steps (step 15).
+    warmup_steps 300: step 0 -> 0.85, 150 -> 0.90, 300 and on -> 0.95."""
+    return start + (end - start) * min(1.0, step / warmup_steps)
+
+
 def muon_adamw(model, cfg):
     """Step 10's default optimizer (`--optimizer muon`), built from its TrainConfig."""
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
