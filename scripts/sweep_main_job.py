@@ -33,7 +33,7 @@ SMALL = {"max_seq_len": 256, "d_model": 128, "n_layers": 4, "n_heads": 4}  # the
 NANO = {"max_seq_len": 64, "d_model": 128, "n_layers": 4, "n_heads": 4}  # nanoGPT's CPU shape
 # every row starts from the settings the first screening ran with, whatever TrainConfig's defaults
 # are now, so that a row of chapter 10's tables means the same run today
-BASE = {"optimizer": "adamw", "lr": 2e-3, "min_lr": 2e-4}
+BASE = {"optimizer": "adamw", "lr": 2e-3, "min_lr": 2e-4, "cooldown": 0.0, "momentum_warmup": 0}
 ROWS = {  # name: (model shape, TrainConfig changes to BASE)
     "small-t256": (SMALL, {}),
     "t64": (NANO, {}),

@@ -533,29 +533,41 @@ def test_every_speedrun_part_trains_decodes_with_the_cache_and_is_checked():
             replace(TINY, **change)
 
 
-def test_the_recipe_wsd_schedule_muon_momentum_warmup_and_zero_init(sample_data_dir, tmp_path):
+def test_the_recipe_wsd_schedule_and_muon_momentum_warmup_are_the_defaults(sample_data_dir,
+                                                                           tmp_path):
     from tiny_llm.muon import muon_momentum
-    from tiny_llm.train import TrainConfig, lr_at, train, zero_residual_outputs
+    from tiny_llm.train import TrainConfig, lr_at, train
 
     # warmup-stable-decay: the peak until the last 40% of 1,000 steps, then straight to the floor
-    assert [lr_at(s, 1e-3, 1e-4, 100, 1000, cooldown=0.4) for s in (99, 600, 800, 1000)] == \
+    assert [lr_at(s, 1e-3, 1e-4, 100, 1000, cooldown=0.4) for s in (99, 599, 799, 999)] == \
         pytest.approx([1e-3, 1e-3, 5.5e-4, 1e-4])
     assert [muon_momentum(s, 300) for s in (0, 150, 300, 900)] == pytest.approx(
         [0.85, 0.90, 0.95, 0.95])
-    model = zero_residual_outputs(ModernGPT(TINY))
-    assert all(b.attention.wo.weight.abs().sum() == 0 and b.feed_forward.w2.weight.abs().sum()
-               == 0 for b in model.blocks)
-    assert model.blocks[0].attention.wq.weight.abs().sum() > 0
+    assert (TrainConfig().cooldown, TrainConfig().momentum_warmup) == (0.4, 200)
     with pytest.raises(ValueError, match="cooldown is the fraction"):
         TrainConfig(cooldown=1.5)
     cfg = TrainConfig(model="modern", preset="tiny", max_steps=6, eval_interval=6, eval_iters=1,
                       batch_size=2, out=str(tmp_path), data_dir=str(sample_data_dir),
-                      cooldown=0.5, momentum_warmup=4, zero_init=True, warmup_steps=2)
+                      cooldown=0.5, momentum_warmup=4, warmup_steps=2)
     train(cfg)
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["lr"] / cfg.lr for r in log if r["step"] > 0] == pytest.approx(
-        [1 / 2, 1, 1, 1, 2 / 3, 1 / 3])  # warmup 2, the peak, the last half straight down
-    assert ckpt["model"]["blocks.0.attention.wo.weight"].abs().sum() > 0  # zero, then learned
+        [1 / 2, 1, 1, 2 / 3, 1 / 3, 0])  # warmup 2, the peak, the last half straight down
     muon_group = next(g for g in ckpt["optimizer"]["param_groups"] if g["muon"])
     assert muon_group["momentum"] == pytest.approx(0.95)  # step 5 of a 4-step warmup
+
+
+def test_speedrun_rows_change_what_their_names_say():
+    ablation = load_ablation()
+    model, recipe = ablation.build_speedrun("modern+relu2+wsd+zero-init", 4096)
+    assert isinstance(model.blocks[0].feed_forward, ReLU2) and model.config.d_ff == 512
+    assert recipe == {"lr": 3e-3, "cooldown": 0.4, "momentum_warmup": 0, "zero_init": True}
+    model = ablation.zero_residual_outputs(model)
+    assert all(b.attention.wo.weight.abs().sum() == 0 and b.feed_forward.w2.weight.abs().sum()
+               == 0 for b in model.blocks) and model.blocks[0].attention.wq.weight.abs().sum() > 0
+    main, recipe = ablation.build_speedrun("main+momentum-warmup", 4096)
+    assert isinstance(main, GPT) and recipe["momentum_warmup"] == 200 and recipe["cooldown"] == 0
+    for bad in ("main+relu2", "modern+fast", "llama"):
+        with pytest.raises(SystemExit, match="a row is modern or main"):
+            ablation.parse_row(bad)

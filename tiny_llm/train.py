@@ -68,9 +68,8 @@ class TrainConfig:
     min_lr: float = 0.0  # the floor the cosine decays to
     warmup_steps: int = 100
     lr_decay_steps: int = 0  # where the cosine reaches min_lr (0: at max_steps)
-    cooldown: float = 0.0  # > 0: hold the peak, then straight down over this last fraction
-    momentum_warmup: int = 0  # > 0: Muon's momentum rises from 0.85 to 0.95 over these steps
-    zero_init: bool = False  # start every residual output projection at zero (step 15)
+    cooldown: float = 0.4  # > 0: hold the peak, then straight down over this last fraction
+    momentum_warmup: int = 200  # > 0: Muon's momentum rises from 0.85 to 0.95 over these steps
     weight_decay: float = 0.1
     optimizer: str = "muon"  # muon: Muon for the matrices in the blocks, AdamW for the rest; adamw
     grad_clip: float = 1.0  # largest gradient norm allowed (0: no clipping)
@@ -109,14 +108,12 @@ class TrainConfig:
                              f"got {self.lr}, {self.min_lr}, {self.weight_decay}, {self.grad_clip}")
 
 
-# What a checkpoint fixes: the model's class and shape (the weights fit only these) and the
-# optimizer (its saved state fits only its own kind). --resume refuses other values.
+# What a checkpoint fixes (its weights and optimizer state fit only these): --resume refuses others.
 FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer")
 
 
 def check_resume_settings(cfg, saved, path):
-    """Raise if cfg changes a setting FIXED_ON_RESUME that the run saved in `path` holds,
-    rather than train one model while the log and checkpoint name another."""
+    """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds."""
     changed = [f"--{name} {getattr(cfg, name)} (the run has {saved[name]})"
                for name in FIXED_ON_RESUME if name in saved and getattr(cfg, name) != saved[name]]
     if changed:
@@ -133,23 +130,16 @@ def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps, cooldown=0.0):
     """Learning rate for update number `step` (0-based): linear warmup, then cosine to min_lr.
     max_lr=1e-3, min_lr=1e-4, warmup 100, decay 1000: step 0 -> 1e-5, step 99 -> 1e-3,
     step 550 (halfway down) -> 5.5e-4, step 1000 and later -> 1e-4.
-    cooldown > 0 (step 15): the peak, then a line to min_lr over that last fraction of decay.
+    cooldown > 0 (step 15): the peak, then a line reaching min_lr at the last step over that last
+    fraction (cooldown 0.4, decay 1000: 1e-3 up to step 600, 5.5e-4 at 799, 1e-4 at 999).
     """
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if cooldown > 0:
-        left = (decay_steps - step) / (cooldown * decay_steps)  # 1 where the decay starts
+        left = (decay_steps - 1 - step) / (cooldown * decay_steps)  # 1 where the decay starts
         return min_lr + min(1.0, max(0.0, left)) * (max_lr - min_lr)
     progress = min(1.0, (step - warmup_steps) / max(1, decay_steps - warmup_steps))
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - min_lr)
-
-
-def zero_residual_outputs(model):
-    """Step 15: zero every weight marked residual_output, so each block starts as the identity."""
-    for m in model.modules():
-        if getattr(m, "residual_output", False):
-            torch.nn.init.zeros_(m.weight)
-    return model
 
 
 def param_groups(model, weight_decay):
@@ -201,8 +191,6 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
         cls = model_class(cfg.model)
         model = cls(replace(cls.presets[cfg.preset], vocab_size=meta["vocab_size"],
                             dropout=cfg.dropout))
-        if cfg.zero_init:
-            zero_residual_outputs(model)
     model = model.to(device)
     if cfg.compile:
         model.compile()  # in place: the state_dict keeps its names
@@ -359,8 +347,7 @@ def explain_failed_save(ckpt_path, step, cfg):
 
 
 def resume_command(cfg):
-    """The command that continues this run. The checkpoint holds every setting, so its folder is
-    all --resume needs; without --out it would look in runs/<default preset>, another run."""
+    """The command that continues this run: the checkpoint holds every setting but the folder."""
     out = cfg.out or str(RUNS_DIR / cfg.preset)
     return f"uv run python -m tiny_llm.train --resume --out {shlex.quote(out)}"
 
