@@ -191,17 +191,21 @@ def read(paths):
     return [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line]
 
 
+def rows_in(records):
+    """The rows the records hold: the LLaMA table's in its order, then the others as first run."""
+    present = list(dict.fromkeys(r["row"] for r in records))
+    return [row for row in ROWS if row in present] + [row for row in present if row not in ROWS]
+
+
 def report(paths):
     """Print one line per row: params, steps, tokens/s, val bits per byte per seed and mean."""
     records = read(paths)
-    rows = list(dict.fromkeys([*ROWS, *(r["row"] for r in records)]))  # in the order first run
+    rows = rows_in(records)
     width = max(10, *(len(r) for r in rows))
     print(f"{'row':<{width}} {'params':>10} {'steps':>11} {'tok/cpu-s':>10} "
           f"{'val bpb, each seed':>20} {'mean':>7}")
     for row in rows:
         runs = sorted((r for r in records if r["row"] == row), key=lambda r: r["seed"])
-        if not runs:
-            continue
         bpb = [r["val_bpb"] for r in runs]
         steps = "/".join(str(r["steps"]) for r in runs)
         speed = statistics.mean(r["tokens_per_cpu_s"] for r in runs)
@@ -214,8 +218,7 @@ def plot(paths, out):
     from matplotlib.figure import Figure
 
     records = read(paths)
-    rows = list(dict.fromkeys([*(r for r in ROWS if any(x["row"] == r for x in records)),
-                               *(x["row"] for x in records)]))
+    rows = rows_in(records)
     fig = Figure(figsize=(8, 3.6), layout="constrained")
     ax = fig.subplots()
     for i, row in enumerate(rows):

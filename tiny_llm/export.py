@@ -121,8 +121,8 @@ def to_llama(model):
 
 def llama_misfit(c):
     """The parts of a ModernConfig that LlamaForCausalLM has no place for (step 15's speedrun
-    parts), by name; empty for a LLaMA-style config. Zero-initialised projections, Muon's
-    momentum warmup and the schedule shape only the training: they export like any weights."""
+    parts), by name; empty for a LLaMA-style config. Warmup-stable-decay and Muon's momentum
+    warmup shape only the training: what they train exports like any weights."""
     return [part for part, used in (
         ("a ReLU² feed-forward (mlp='relu2')", c.mlp != "swiglu"), ("QK-norm", c.qk_norm),
         ("value embeddings", c.value_embeds), ("x0 mixing", c.x0_mix),
