@@ -6,7 +6,7 @@ Run them:  uv run python -m solutions.ex04_embed
 import torch
 import torch.nn.functional as F
 
-from tiny_llm.embed import Embed, sinusoidal_table
+from tiny_llm.embed import Embed
 
 
 def exercise_1_parameter_count(vocab_size, d_model, max_seq_len):
@@ -62,15 +62,16 @@ def exercise_4_add_versus_concatenate(d_model=128, seed=0):
 def exercise_5_too_long(max_seq_len=64):
     """A learned table has rows 0..max_seq_len-1 only, so T = max_seq_len + 1 must be refused.
 
-    The sinusoidal formula, in contrast, gives a row for any position, even ones no model saw.
-    Returns the error message and the shape of a sinusoidal table twice as long.
+    The fix the message names, keeping the last max_seq_len tokens, is what step 09 does.
+    Returns the error message and the output's shape once the input is cropped.
     """
     emb = Embed(4096, 128, max_seq_len)
+    idx = torch.zeros(1, max_seq_len + 1, dtype=torch.long)
     try:
-        emb(torch.zeros(1, max_seq_len + 1, dtype=torch.long))
+        emb(idx)
     except ValueError as error:
         message = str(error)
-    return message, tuple(sinusoidal_table(2 * max_seq_len, 128).shape)
+    return message, tuple(emb(idx[:, -max_seq_len:]).shape)
 
 
 if __name__ == "__main__":
@@ -87,4 +88,4 @@ if __name__ == "__main__":
           f" [tok, pos] @ [I; I] - (tok + pos) = {error}")
     message, shape = exercise_5_too_long()
     print("exercise 5:", message)
-    print("exercise 5:", f"sinusoidal_table(128, 128) has shape {shape}: the formula has no end")
+    print("exercise 5:", f"cropped to the last 64 tokens, the output has shape {shape}")

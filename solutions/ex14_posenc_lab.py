@@ -18,8 +18,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from tiny_llm.data import DATA_DIR, ensure_data, load_token_array  # noqa: E402
-from tiny_llm.embed import sinusoidal_table  # noqa: E402
-from tiny_llm.posenc import LearnedPositionalEncoding, RotaryEmbedding, alibi_slopes  # noqa: E402
+from tiny_llm.posenc import (  # noqa: E402
+    LearnedPositionalEncoding,
+    RotaryEmbedding,
+    alibi_slopes,
+    sinusoidal_table,
+)
 from tiny_llm.posenc_lab import (  # noqa: E402
     QUICK,
     LabConfig,

@@ -4,13 +4,8 @@ import pytest
 import torch
 
 from solutions import ex04_embed
-from tiny_llm.embed import (
-    Embed,
-    SinusoidalPositions,
-    check_ids,
-    plot_sinusoidal,
-    sinusoidal_table,
-)
+from tiny_llm.checks import check_ids
+from tiny_llm.embed import Embed
 
 
 @pytest.fixture
@@ -82,35 +77,6 @@ def test_the_forward_refuses_the_same_ids_and_names_them(idx, error, match):
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="max_seq_len must be a positive int, got 0"):
         Embed(10, 3, 0)
-    with pytest.raises(ValueError, match="d_model must be a positive even int.*got 7"):
-        sinusoidal_table(4, 7)
-
-
-def test_sinusoidal_table_matches_its_closed_form():
-    table = sinusoidal_table(50, 16)
-    for p in (0, 1, 7, 49):
-        for i in range(8):
-            angle = p / 10000 ** (2 * i / 16)
-            assert table[p, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
-            assert table[p, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
-
-
-def test_sinusoidal_positions_are_a_buffer_not_a_parameter():
-    pos = SinusoidalPositions(max_seq_len=8, d_model=4)
-    assert list(pos.parameters()) == [] and "table" in dict(pos.named_buffers())
-    x = torch.zeros(2, 3, 4)
-    assert torch.equal(pos(x), sinusoidal_table(3, 4).expand(2, 3, 4))
-    with pytest.raises(ValueError, match="T=9 exceeds max_seq_len=8"):
-        pos(torch.zeros(1, 9, 4))
-
-
-def test_plot_is_written_and_identical_each_time(tmp_path):
-    a, b = tmp_path / "a.png", tmp_path / "b.png"
-    plot_sinusoidal(a, max_len=32, d_model=16)
-    plot_sinusoidal(b, max_len=32, d_model=16)
-    assert a.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert a.read_bytes() == b.read_bytes()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png"]  # no temp files left
 
 
 def test_solutions():
@@ -122,4 +88,4 @@ def test_solutions():
     assert ex04_embed.exercise_3_one_hot_is_a_lookup() == (0.0, 524_288)
     assert ex04_embed.exercise_4_add_versus_concatenate(128) == (128, 256, 0.0)
     message, shape = ex04_embed.exercise_5_too_long(64)
-    assert "T=65 exceeds max_seq_len=64" in message and shape == (128, 128)
+    assert "T=65 exceeds max_seq_len=64" in message and shape == (1, 64, 128)

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from solutions import ex14_posenc_lab
-from tiny_llm.embed import sinusoidal_table
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.posenc import (
@@ -18,6 +17,8 @@ from tiny_llm.posenc import (
     alibi_bias,
     alibi_slopes,
     draw_figures,
+    plot_sinusoidal,
+    sinusoidal_table,
 )
 from tiny_llm.posenc_lab import (
     QUICK,
@@ -191,7 +192,8 @@ def test_main_rejects_a_bad_step_count_and_unknown_schemes(capsys):
 
 def test_figures_are_drawn(tmp_path):
     paths = draw_figures(tmp_path)
-    assert [p.name for p in paths] == ["14-position-signals.png", "14-similarity.png",
+    assert [p.name for p in paths] == ["14-sinusoidal.png", "14-position-signals.png",
+                                       "14-similarity.png",
                                        "14-alibi-bias.png", "14-rope-rotation.png"]
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -255,3 +257,23 @@ def test_the_progress_bar_shows_on_a_terminal_only(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stderr", terminal)
     train_scheme("none", nano, data, 50, torch.device("cpu"))
     assert "none:   0%" in terminal.getvalue()  # the bar, drawn (and cleared: leave=False)
+
+
+def test_sinusoidal_table_matches_its_closed_form():
+    with pytest.raises(ValueError, match="d_model must be a positive even int.*got 7"):
+        sinusoidal_table(4, 7)
+    table = sinusoidal_table(50, 16)
+    for p in (0, 1, 7, 49):
+        for i in range(8):
+            angle = p / 10000 ** (2 * i / 16)
+            assert table[p, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+            assert table[p, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+
+
+def test_plot_is_written_and_identical_each_time(tmp_path):
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    plot_sinusoidal(a, max_len=32, d_model=16)
+    plot_sinusoidal(b, max_len=32, d_model=16)
+    assert a.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert a.read_bytes() == b.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png"]  # no temp files left

@@ -16,7 +16,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tiny_llm.device import seed_everything
-from tiny_llm.embed import SinusoidalPositions
 from tiny_llm.files import save_figure
 from tiny_llm.paths import RUNS_DIR
 
@@ -101,9 +100,11 @@ def order_checks(attn, T=8):
     moved = (attn(x[:, perm], causal=False) - attn(x, causal=False)[:, perm]).abs().max()
     print(f"{'no mask':<16} attn(x[:, perm]) = attn(x)[:, perm]: max error {moved:.6f}")
 
-    add_positions = SinusoidalPositions(attn.max_seq_len, attn.d_model)
+    # one vector per position, as pos_emb holds, drawn at x's scale (its own generator, so the
+    # numbers after this stay as they were) so that the effect shows before any training
+    pos = torch.randn(T, attn.d_model, generator=torch.Generator().manual_seed(0))
     shuffle = torch.cat([torch.randperm(T - 1), torch.tensor([T - 1])])  # the last stays last
-    for name, f in (("causal", attn), ("causal + pos", lambda x: attn(add_positions(x)))):
+    for name, f in (("causal", attn), ("causal + pos", lambda x: attn(x + pos))):
         change = (f(x[:, shuffle])[:, -1] - f(x)[:, -1]).abs().max()
         print(f"{name:<16} shuffle t = 0..{T - 2}: output at t = {T - 1} changes by {change:.6f}")
 

@@ -4,7 +4,7 @@ Attention on its own is order-blind (step 05). A model learns order only from a 
 signal, and there are two places to put one:
 
 - added to the residual stream before the first block: a learned table (step 04's `pos_emb`)
-  or the fixed sinusoidal table;
+  or the fixed sinusoidal table of "Attention Is All You Need" (`sinusoidal_table`);
 - inside attention, where positions meet: RoPE rotates each query and key by an angle that
   grows with its position, ALiBi subtracts a penalty that grows with the distance from the
   query to the key.
@@ -22,8 +22,49 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from tiny_llm.embed import sinusoidal_table
 from tiny_llm.files import save_figure
+
+
+def sinusoidal_table(max_len, d_model):
+    """The fixed positions of "Attention Is All You Need": (max_len, d_model) float32.
+
+    Columns 2i and 2i+1 hold sin and cos of pos / 10000^(2i / d_model): one wavelength per
+    pair, from 2π at i = 0 growing towards 10000·2π.
+    >>> sinusoidal_table(2, 4)   # pos 1: sin(1), cos(1), sin(1/100), cos(1/100)
+    tensor([[0.0000, 1.0000, 0.0000, 1.0000],
+            [0.8415, 0.5403, 0.0100, 0.9999]])
+    """
+    if not isinstance(d_model, int) or d_model < 2 or d_model % 2:
+        raise ValueError(f"d_model must be a positive even int (sin and cos come in pairs), "
+                         f"got {d_model!r}")
+    pos = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)  # (max_len, 1)
+    # 1 / 10000^(2i/d) written as exp(-2i · ln(10000) / d), a habit (10000^(2i/d) <= 1e4 is safe)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # (d_model/2,) = 0, 2, 4, ...
+    inv_freq = torch.exp(two_i * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(pos * inv_freq)  # (max_len, 1) * (d/2,) -> (max_len, d/2)
+    table[:, 1::2] = torch.cos(pos * inv_freq)
+    return table
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed positions: adds row t of sinusoidal_table to x[:, t]. (B, T, C) in, (B, T, C) out.
+
+    The table is a buffer, not a parameter: it moves with .to(device) but no optimizer changes it.
+    """
+
+    def __init__(self, max_seq_len, d_model):
+        super().__init__()
+        self.max_seq_len = max_seq_len
+        # persistent=False: the table is recomputed from two numbers, no need to save it
+        self.register_buffer("table", sinusoidal_table(max_seq_len, d_model), persistent=False)
+
+    def forward(self, x):
+        T = x.shape[1]
+        if T > self.max_seq_len:
+            raise ValueError(f"sequence length T={T} exceeds max_seq_len={self.max_seq_len}: "
+                             "build SinusoidalPositions with a larger max_seq_len")
+        return x + self.table[:T]
 
 
 class LearnedPositionalEncoding(nn.Module):
@@ -47,7 +88,7 @@ class LearnedPositionalEncoding(nn.Module):
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """Adds scale · row t of step 04's sinusoidal_table: (B, T, D) in, (B, T, D) out, T <= max_len.
+    """Adds scale · row t of sinusoidal_table: (B, T, D) in, (B, T, D) out, T <= max_len.
 
     The table is a formula of t, so it lives in a buffer: not trained, not saved with the
     weights, and rebuilt for any max_len.
@@ -236,10 +277,31 @@ def plot_rope(path, head_size=16, T=8):
     return save_figure(fig, path)
 
 
+def plot_sinusoidal(path, max_len=256, d_model=128):
+    """Draw sinusoidal_table as a heat map and a few of its columns as curves; save a PNG."""
+    from matplotlib.figure import Figure  # imported here: only the check draws pictures
+
+    table = sinusoidal_table(max_len, d_model).numpy()
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    heat, curves = fig.subplots(1, 2, width_ratios=(3, 2))
+    image = heat.imshow(table.T, aspect="auto", cmap="RdBu", vmin=-1, vmax=1, origin="lower")
+    heat.set(xlabel="position t", ylabel="dimension",
+             title=f"sinusoidal_table({max_len}, {d_model})")
+    fig.colorbar(image, ax=heat)
+    for col in [2 * round(d_model * f / 2) for f in (1 / 32, 1 / 8, 1 / 4, 3 / 8)]:
+        wavelength = 2 * math.pi * 10000 ** (col / d_model)
+        curves.plot(table[:128, col], label=f"dim {col} (wavelength {wavelength:.0f})")
+    curves.set(xlabel="position t", ylabel="value", title="sin columns: slower as dim grows")
+    curves.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, fontsize=8)
+    save_figure(fig, path, dpi=80)
+    return path
+
+
 def draw_figures(folder):
-    """Draw the chapter's four pictures into `folder`; return their paths."""
+    """Draw the chapter's five pictures into `folder`; return their paths."""
     folder = Path(folder)
-    return [plot_signals(folder / "14-position-signals.png"),
+    return [plot_sinusoidal(folder / "14-sinusoidal.png"),
+            plot_signals(folder / "14-position-signals.png"),
             plot_similarity(folder / "14-similarity.png"),
             plot_alibi(folder / "14-alibi-bias.png"),
             plot_rope(folder / "14-rope-rotation.png")]

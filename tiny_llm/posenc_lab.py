@@ -23,11 +23,11 @@ from tqdm import tqdm
 from tiny_llm.block import Block
 from tiny_llm.data import DATA_DIR, ensure_data, load_token_array
 from tiny_llm.device import pick_device, seed_everything
-from tiny_llm.embed import Embed, sinusoidal_table
+from tiny_llm.embed import Embed
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.multihead import MultiHeadAttention
-from tiny_llm.posenc import RotaryEmbedding, alibi_bias, draw_figures
+from tiny_llm.posenc import RotaryEmbedding, alibi_bias, draw_figures, sinusoidal_table
 from tiny_llm.train import TrainConfig, lr_at, param_groups, update_weights
 
 SCHEMES = ("none", "learned", "sinusoidal", "rope", "alibi")
