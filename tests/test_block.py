@@ -75,7 +75,8 @@ def test_init_weights_gives_residual_projections_the_smaller_std():
     small = 0.02 / math.sqrt(2 * 8)  # 0.005
     assert block.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.03)
     assert block.mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.03)
-    assert block.attn.proj.weight.std().item() == pytest.approx(small, rel=0.03)
+    assert block.attn.proj.weight.std().item() == pytest.approx(small, rel=0.03), (
+        "attn.proj is not marked residual_output: apply step 07's diff to multihead.py")
     assert block.mlp.proj.weight.std().item() == pytest.approx(small, rel=0.03)
     for name, p in block.named_parameters():
         if name.endswith("bias"):
