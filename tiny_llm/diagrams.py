@@ -338,3 +338,149 @@ def cache_diagram(s):
             f"positions × {s['d']} numbers × 4 bytes = {s['nbytes']:,} bytes per sequence.   "
             "Orange: computed in this forward; blue: read from the cache.", fontsize=8.5)
     return fig
+
+
+# The chapter pictures that no step's own check draws: `uv run python -m tiny_llm.diagrams DIR`.
+
+MERGES_PHRASE = "Once upon a time, there was a little dog."
+MERGES_SHOWN = (0, 15, 60, 150, 400, 1000)  # after how many merges a row shows the phrase
+
+
+def merges_diagram(rows, merges_learned):
+    """Step 02: one phrase after more and more merges. `rows`: [(n_merges, [token bytes])]."""
+    cell, x0 = 0.15, 2.35
+    width = x0 + cell * sum(len(t) for t in rows[0][1]) + 0.3
+    fig, ax = canvas(width, 0.75 + 0.55 * len(rows))
+    ax.text(width / 2, 0.45 + 0.55 * len(rows), "BPE merges build tokens out of bytes (the "
+            f"sample stories, {merges_learned:,} merges learned)", ha="center", fontsize=10,
+            weight="bold")
+    for r, (n, tokens) in enumerate(rows):
+        y, x = 0.05 + 0.55 * (len(rows) - r) - 0.15, x0
+        ax.text(0.15, y, f"{n:>5,} merges: {len(tokens)} tokens", va="center", fontsize=9,
+                family="monospace")
+        for token in tokens:
+            w = cell * len(token)
+            kind = "tensor" if len(token) > 1 else "plain"
+            box(ax, x + w / 2, y, token.decode("utf-8", "replace").replace(" ", "·"), kind,
+                w=w - 0.02, h=0.38, size=8)
+            x += w
+    return fig
+
+
+def draw_merges(path):
+    """Train step 02's BytePairEncoder on 300 sample stories; draw MERGES_PHRASE after each of
+    MERGES_SHOWN merges (the earliest merges first, as encoding applies them)."""
+    from tiny_llm.bpe import BytePairEncoder  # a helper of step 02, only for this picture
+    from tiny_llm.files import save_figure
+    from tiny_llm.sample_stories import generate_stories
+
+    bpe = BytePairEncoder()
+    bpe.train(" ".join(generate_stories(300)), 256 + max(MERGES_SHOWN))
+    learned, rows = dict(bpe.merges), []
+    for n in MERGES_SHOWN:
+        if n > len(learned):
+            continue
+        bpe.merges, bpe.cache = dict(list(learned.items())[:n]), {}
+        rows.append((n, [bpe.vocab[i] for i in bpe.encode(MERGES_PHRASE)]))
+    return save_figure(merges_diagram(rows, len(learned)), path, dpi=90)
+
+
+# Step 13: one float32 training step of the small preset, one thread, on the course's 2-core
+# machine (docs/records/13-levers-one-thread.md): the stopwatch's parts, in ms, and the
+# profiler's operators, in % of the profiled time.
+STEP_PARTS = {"forward": 242, "backward": 430, "optimizer": 12}
+STEP_OPERATORS = {"matmuls": 44.1, "attention": 12.9, "log_softmax": 13.1, "var": 5.2,
+                  "fill_": 4.3}
+
+
+def step_time_diagram(parts, operators):
+    """Two bars: a step split by the stopwatch (parts, ms) and by operator (operators, %)."""
+    fig, ax = canvas(9.0, 3.4)
+    ax.text(4.5, 3.15, "Where a training step's time goes (small preset, float32, one CPU "
+            "thread)", ha="center", fontsize=10, weight="bold")
+    total, x0, scale = sum(parts.values()), 0.3, 7.6
+    kinds = {"forward": "attn", "backward": "mlp", "optimizer": "norm"}
+    x = x0
+    ax.text(x0, 2.55, f"the stopwatch: {total} ms per step", fontsize=9)
+    for name, ms in parts.items():
+        w = scale * ms / total
+        box(ax, x + w / 2, 2.1, f"{name}\n{ms} ms" if w > 0.6 else "", kinds[name], w=w, h=0.6,
+            size=8.5)
+        x += w
+    ax.text(x + 0.05, 2.1, "optimizer\n12 ms", fontsize=7.5, va="center")
+    rest = 100 - sum(operators.values())
+    ax.text(x0, 1.3, "the profiler: share of the time by operator", fontsize=9)
+    x = x0
+    colors = ["attn", "attn", "loss", "norm", "cache"]
+    for (name, share), kind in zip([*operators.items(), ("everything else", rest)],
+                                   [*colors, "plain"], strict=True):
+        w = scale * share / 100
+        box(ax, x + w / 2, 0.85, f"{name}\n{share:.0f}%", kind, w=w, h=0.6, size=7.5)
+        x += w
+    ax.text(x0, 0.3, "Matmuls and attention are 57%. The loss's log_softmax over (B, T, 4096) "
+            "logits, LayerNorm's var and fill_ of new memory\nare elementwise work and "
+            "memory traffic: what fusing (torch.compile) and reusing freed memory attack.",
+            fontsize=8, va="center")
+    return fig
+
+
+def draw_step_time(path):
+    """Step 13's picture, from the record's numbers (STEP_PARTS, STEP_OPERATORS)."""
+    from tiny_llm.files import save_figure
+
+    return save_figure(step_time_diagram(STEP_PARTS, STEP_OPERATORS), path, dpi=90)
+
+
+def blocks_diagram():
+    """Step 15: GPT-2's block (steps 07 and 08) beside the LLaMA-style block, part by part."""
+    fig, ax = canvas(10.0, 6.3)
+    columns = (
+        (0.9, "GPT-2 block (steps 07, 08)", "x = tok_emb + pos_emb\n(learned positions)",
+         ("LayerNorm: mean, var,\ngain and bias",
+          "attention: n_heads heads\nq, k, v, proj with biases"),
+         ("LayerNorm", "MLP: d → 4d → GELU → d\nwith biases")),
+        (5.9, "LLaMA-style block (step 15)", "x = tok_emb\n(no position table)",
+         ("RMSNorm: gain only,\nno mean, no bias",
+          "attention: RoPE turns q, k;\nfewer k/v heads, no biases"),
+         ("RMSNorm", "SwiGLU: w2(silu(w1·x) · w3·x)\nno biases")),
+    )
+    for xs, title, top, (norm_1, attn), (norm_2, mlp) in columns:
+        ax.text(xs + 1.6, 6.0, title, ha="center", fontsize=10, weight="bold")
+        box(ax, xs, 5.35, top, "embed", w=1.7, h=0.6, size=8)
+        join_1 = branch(ax, xs, xs + 2.5, 4.55, norm_1, attn, ("norm", "attn"))
+        join_2 = branch(ax, xs, xs + 2.5, join_1 - 0.45, norm_2, mlp, ("norm", "mlp"))
+        ax.plot([xs, xs], [5.05, join_1 + 0.14], color="#333333", lw=2.2)
+        ax.plot([xs, xs], [join_1 - 0.14, join_2 + 0.14], color="#333333", lw=2.2)
+        arrow(ax, (xs, join_2 - 0.14), (xs, 0.75))
+        box(ax, xs, 0.5, "out (B, T, d)", "tensor", w=1.7, h=0.42, size=8)
+    ax.text(5.0, 0.12, "The same residual stream and the same two branches; what changes is "
+            "inside them: the norm, where positions enter, the attention's heads, the MLP.",
+            ha="center", fontsize=8.5)
+    return fig
+
+
+def draw_blocks(path):
+    """Step 15's picture of the two blocks."""
+    from tiny_llm.files import save_figure
+
+    return save_figure(blocks_diagram(), path, dpi=90)
+
+
+PICTURES = {"02-merges.png": draw_merges, "13-step-time.png": draw_step_time,
+            "15-blocks.png": draw_blocks}
+
+
+def main(argv=None):
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description="Draw the chapter pictures no step's check "
+                                     "draws (" + ", ".join(PICTURES) + ").")
+    parser.add_argument("folder", help="where to write them, e.g. steps/images")
+    args = parser.parse_args(argv)
+    for name, draw in PICTURES.items():
+        print(f"{name:<16} {draw(Path(args.folder) / name)}")
+
+
+if __name__ == "__main__":
+    main()
