@@ -105,9 +105,11 @@ def last_attention(model, idx):
     """Where the last position of a (1, T) sequence looks: (n_layers, n_heads, T) weights, each
     row summing to 1. Hooks recompute softmax(q kᵀ / √head_size) from what each attention layer
     received, as step 06's explicit path does (the fused kernel never stores the weights)."""
-    rows = []
+    rows, me = [], threading.get_ident()
 
     def keep(attn, inputs, _out):
+        if threading.get_ident() != me:  # a story being written meanwhile by the same model
+            return
         q, k, bias = queries_keys(attn, inputs[0])
         scores = q[:, :, -1:] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (1, H, 1, T)
         if bias is not None:  # step 14's ALiBi: its own causal mask and distance penalty
@@ -326,7 +328,7 @@ def main(argv=None):
     parser.add_argument("--checkpoint2", default=None, help="a second one, to write side by side")
     parser.add_argument("--port", type=int, default=None, help="default: any free port")
     parser.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1: this machine only")
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="where tokenizer.json is")
     args = parser.parse_args(argv)
     if args.port is not None and not 1 <= args.port <= 65535:
