@@ -1,6 +1,7 @@
 """The story studio in a real browser: headless Chromium (Debian's `chromium` and
 `chromium-driver`) driven by Selenium loads the page from a server on a tiny checkpoint, writes,
-sees the tokens arrive one by one, inspects one, stops a story, and saves a screenshot."""
+sees the tokens arrive one by one, inspects one, stops a story, closes a tab that is writing,
+and saves a screenshot."""
 
 import json
 import os
@@ -110,6 +111,18 @@ def test_the_studio_streams_inspects_and_stops_in_chromium(tmp_path, sample_data
             with urllib.request.urlopen(f"{url}/api/info") as reply:
                 return json.load(reply)["running"]
         wait(lambda: running() == 0, 10, "the server's freeing of a stopped story")
+        # a closed tab: its story ends on the server too
+        first_tab = driver.current_window_handle
+        driver.switch_to.new_window("tab")
+        driver.get(url)
+        wait(lambda: "checkpoint 1" in driver.find_element("id", "who").text)
+        js("document.getElementById('length').value = 1000")
+        driver.find_element("id", "write").click()
+        wait(lambda: len(js("return studio.log")) >= 5, what="the second tab's first tokens")
+        assert running() == 1
+        driver.close()
+        driver.switch_to.window(first_tab)
+        wait(lambda: running() == 0, 10, "the end of a closed tab's story")
     finally:
         driver.quit()
         stop_server()
