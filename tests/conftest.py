@@ -93,6 +93,7 @@ EXPECTED_SECONDS = [
     ("tests/test_tokenize.py", 8),
     (CONSOLE, 5),
     ("tests/test_smoke.py", 5),
+    ("tests/test_studio_browser.py", 5),  # a headless Chromium and a server
 ]
 
 

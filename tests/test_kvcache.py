@@ -182,3 +182,30 @@ def test_the_embedding_refuses_positions_past_its_table_after_a_cache():
 
     with pytest.raises(ValueError, match="T=65 exceeds max_seq_len=64"):
         Embed(4096, 128, 64)(torch.zeros(1, 1, dtype=torch.long), start=64)  # after 64 cached
+
+
+def test_the_generate_command_writes_through_the_cache():
+    """stream_sample (what `tiny_llm.generate` prints) reads the prompt once, then one token a
+    step, and writes what step 09's uncached generate writes with the same seed."""
+    from tiny_llm.generate import stream_sample
+
+    class Chars:  # a tokenizer of single characters: id = byte value
+        def encode(self, text):
+            return SimpleNamespace(ids=[ord(c) % 64 for c in text])
+
+        def decode(self, ids):
+            return "".join(chr(65 + i % 26) for i in ids)
+
+        def token_to_id(self, token):
+            return 0
+
+    model, widths = model_for(3), []
+    hook = model.embed.register_forward_hook(lambda m, i, o: widths.append(i[0].shape[1]))
+    ids = stream_sample(model, Chars(), "abc", 10, lambda _: None, torch.Generator().manual_seed(5),
+                        temperature=1.0, top_k=20)
+    hook.remove()
+    new = len(ids) - 3
+    assert new >= 1 and widths == [3] + [1] * (new - 1)  # the prompt, then one token a step
+    slow = generate(model, prompt(*ids[:3]), 10, temperature=1.0, top_k=20,
+                    generator=torch.Generator().manual_seed(5))
+    assert slow[0].tolist() == ids

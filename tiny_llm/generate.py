@@ -87,6 +87,20 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     temperature 0 is greedy (always the most likely token); `generator` makes draws repeatable.
     With a `cache` (step 12) the model reads each token once instead of the whole text again.
     """
+    was_training = model.training
+    for next_id, _ in sample_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
+                                    generator, eot_id, cache):
+        idx = torch.cat([idx, next_id], dim=1)
+    model.train(was_training)
+    return idx
+
+
+@torch.no_grad()
+def sample_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                  generator=None, eot_id=0, cache=None):
+    """generate()'s loop, handing out each token as it is made: yields (next id (1, 1), the
+    (1, V) logits it was drawn from). A caller can show a token at once, or stop by stopping
+    to ask. It leaves the model in eval mode."""
     check_sampling(temperature, top_k, top_p)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -95,7 +109,6 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         raise ValueError(f"idx must be a (1, T) tensor of token ids with T >= 1, got {shape}: "
                          "for an empty prompt start from [[eot_id]]")
     check_ids(idx, model.config.vocab_size, math.inf)  # the prompt is cropped below, not refused
-    was_training = model.training
     model.eval()  # no dropout while writing
     M = model.config.max_seq_len  # the model has no positions beyond this
     unread = idx[:, -M:]  # what a cache has not seen yet: the prompt, then one token a step
@@ -115,11 +128,10 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         else:
             probs = next_token_probs(logits, temperature, top_k, top_p)
             next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (1, 1)
+        yield next_id, logits
         idx, unread = torch.cat([idx, next_id], dim=1), next_id
         if eot_id is not None and next_id.item() == eot_id:
             break
-    model.train(was_training)
-    return idx
 
 
 def complete(model, tokenizer, prompt, max_new_tokens, generator=None, **sampling):
@@ -130,6 +142,14 @@ def complete(model, tokenizer, prompt, max_new_tokens, generator=None, **samplin
     sampling = {"eot_id": eot_id, **sampling}  # a caller's eot_id wins (None: never stop)
     out = generate(model, idx, max_new_tokens, generator=generator, **sampling)
     return tokenizer.decode(out[0].tolist())  # decode drops the EOT tokens
+
+
+def fresh_cache(model):
+    """An empty step-12 KVCache for `model`, on its device and in its dtype."""
+    from tiny_llm.kvcache import KVCache  # imported here: kvcache.py imports this module
+
+    weight = next(model.parameters())
+    return KVCache(model.config, batch_size=1, device=weight.device, dtype=weight.dtype)
 
 
 def printable(text):
@@ -158,9 +178,10 @@ def stream_sample(model, tokenizer, prompt, max_new_tokens, write, generator=Non
 
     try:
         flush(whole=False)
-        for _ in range(max_new_tokens):  # one token a call: generate() sees the last M tokens
-            idx = torch.tensor([ids[-model.config.max_seq_len:]], device=device)
-            ids.append(generate(model, idx, 1, generator=generator, **sampling)[0, -1].item())
+        idx = torch.tensor([ids], device=device)
+        for next_id, _ in sample_tokens(model, idx, max_new_tokens, generator=generator,
+                                        eot_id=None, cache=fresh_cache(model), **sampling):
+            ids.append(next_id.item())
             if ids[-1] == eot_id:  # <|endoftext|>: the story is over
                 break
             flush(whole=False)
@@ -175,7 +196,8 @@ def story_from_checkpoint(path, max_new_tokens=200, seed=1337, device="cpu", dat
     model, _ = model_from_checkpoint(path, device, data_dir=data_dir)
     tokenizer = load_tokenizer(Path(data_dir) / "tokenizer.json")
     generator = torch.Generator(device=device).manual_seed(seed)
-    return complete(model, tokenizer, prompt, max_new_tokens, generator, **DEFAULTS)
+    return complete(model, tokenizer, prompt, max_new_tokens, generator,
+                    cache=fresh_cache(model), **DEFAULTS)
 
 
 def plot_sampling(path):

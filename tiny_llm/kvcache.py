@@ -28,7 +28,7 @@ import torch
 
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.device import pick_device, seed_everything, synchronize
-from tiny_llm.generate import generate
+from tiny_llm.generate import fresh_cache, generate
 from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import load_tokenizer
@@ -72,9 +72,7 @@ def generate_cached(model, idx, max_new_tokens, **sampling):
     """Step 09's `generate`, same arguments and result, reading every token once through a
     fresh KVCache. Past max_seq_len the cache is rebuilt from the last max_seq_len tokens at
     every step, which is what `generate`'s cropping computes."""
-    weight = next(model.parameters())
-    cache = KVCache(model.config, batch_size=1, device=weight.device, dtype=weight.dtype)
-    return generate(model, idx, max_new_tokens, cache=cache, **sampling)
+    return generate(model, idx, max_new_tokens, cache=fresh_cache(model), **sampling)
 
 
 def timed(device, fn, *args, **kwargs):

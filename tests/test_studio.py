@@ -1,0 +1,223 @@
+"""The story studio's server (tiny_llm/studio.py) through FastAPI's test client, on tiny models
+built from a config and saved in the project's checkpoint format."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from tiny_llm import studio
+from tiny_llm.checkpoint import save_checkpoint
+from tiny_llm.evaluate import attention_maps
+from tiny_llm.generate import generate, stream_sample
+from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.instruct import FEATURES, render_request
+from tiny_llm.modern import ModernConfig, ModernGPT
+from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256
+
+SAMPLING = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 7}
+
+
+def tiny_checkpoint(path, data_dir, model_class=GPT, requests=False):
+    """A seeded tiny model saved as train.py saves one; max_seq_len 24 so a story slides."""
+    vocab = load_tokenizer(data_dir / "tokenizer.json").get_vocab_size()
+    cfg_class = ModernConfig if model_class is ModernGPT else GPTConfig
+    extra = {"n_kv_heads": 1} if model_class is ModernGPT else {}
+    config = cfg_class(vocab_size=vocab, max_seq_len=24, d_model=32, n_layers=2, n_heads=2,
+                       **extra)
+    torch.manual_seed(0)
+    model = model_class(config)
+    state = {"model": model.state_dict(), "config": asdict(config), "step": 5,
+             "tokenizer_sha256": tokenizer_sha256(data_dir / "tokenizer.json"),
+             "model_class": f"{model_class.__module__}.{model_class.__name__}",
+             "train_config": {"requests": requests}}
+    save_checkpoint(path, state)
+    return path
+
+
+@pytest.fixture(scope="module")
+def writers(tmp_path_factory, sample_data_dir):
+    folder = tmp_path_factory.mktemp("studio")
+    gpt = tiny_checkpoint(folder / "gpt" / "ckpt.pt", sample_data_dir)
+    modern = tiny_checkpoint(folder / "modern" / "ckpt.pt", sample_data_dir, ModernGPT, True)
+    return [studio.load_writer(p, data_dir=sample_data_dir) for p in (gpt, modern)]
+
+
+def stream(client, **body):
+    """The JSON lines of one /api/generate call."""
+    response = client.post("/api/generate", json=body)
+    assert response.status_code == 200, response.text
+    return [json.loads(line) for line in response.text.splitlines()]
+
+
+def test_streamed_tokens_are_the_generate_commands_tokens(writers):
+    client = TestClient(studio.create_app(writers))
+    for number, writer in enumerate(writers):
+        lines = stream(client, writer=number, prompt="Once upon a time", max_new_tokens=40,
+                       **SAMPLING)
+        prompt = [t["id"] for t in lines[0]["prompt"]]
+        made = [line["id"] for line in lines[1:-1]]
+        assert lines[-1] == {"done": "length", "tokens": 40} and len(made) == 40  # 24 slides
+        tok, sampling = writer.tokenizer, {k: SAMPLING[k] for k in ("temperature", "top_k",
+                                                                     "top_p")}
+        assert prompt == tok.encode("Once upon a time").ids
+        seeded = torch.Generator().manual_seed(SAMPLING["seed"])
+        out = generate(writer.model, torch.tensor([prompt]), 40, generator=seeded,
+                       eot_id=tok.token_to_id(EOT), **sampling)  # no cache: step 09's way
+        assert out[0, len(prompt):].tolist() == made
+        seeded = torch.Generator().manual_seed(SAMPLING["seed"])  # what the command prints
+        printed = stream_sample(writer.model, tok, "Once upon a time", 40, lambda _: None,
+                                seeded, **sampling)
+        assert printed[len(prompt):] == made
+
+
+def test_inspector_probabilities_are_the_models_softmax(writers):
+    client = TestClient(studio.create_app(writers))
+    lines = stream(client, prompt="The dog", max_new_tokens=6, temperature=1.0, top_k=3,
+                   top_p=None, seed=1)
+    ids = [t["id"] for t in lines[0]["prompt"]]
+    model = writers[0].model
+    for line in lines[1:-1]:
+        probs = torch.softmax(model(torch.tensor([ids]))[0][0, -1], dim=-1)
+        assert abs(probs.sum().item() - 1) < 1e-5
+        best = probs.topk(10)
+        assert [c["id"] for c in line["top"]] == best.indices.tolist()
+        assert [c["p"] for c in line["top"]] == pytest.approx(best.values.tolist(), abs=1e-5)
+        assert line["p"] == pytest.approx(probs[line["id"]].item(), abs=1e-5)
+        # top-k 3 at temperature 1: the three most likely share all the mass, in proportion
+        kept = [c["p_sampled"] for c in line["top"]]
+        assert sum(kept[:3]) == pytest.approx(1, abs=1e-5) and kept[3:] == [0] * 7
+        assert kept[0] / kept[1] == pytest.approx(line["top"][0]["p"] / line["top"][1]["p"],
+                                                  rel=1e-4)
+        assert line["id"] in [c["id"] for c in line["top"][:3]]
+        ids.append(line["id"])
+
+
+def test_greedy_puts_everything_on_the_argmax(writers):
+    client = TestClient(studio.create_app(writers))
+    line = stream(client, prompt="The dog", max_new_tokens=1, temperature=0)[1]
+    assert line["id"] == line["top"][0]["id"] and line["p_sampled"] == 1.0
+
+
+@pytest.mark.parametrize("number", [0, 1])  # step 08's GPT and step 15's ModernGPT
+def test_attention_weights_rebuild_each_layers_output(writers, number):
+    """The inspector's weights, times each head's values, give what the layer really output."""
+    model = writers[number].model
+    ids = writers[number].tokenizer.encode("Once upon a time there was a dog").ids
+    client = TestClient(studio.create_app(writers))
+    response = client.post("/api/attention", json={"writer": number, "ids": ids})
+    assert response.status_code == 200, response.text
+    rows = torch.tensor(response.json()["layers"])  # (n_layers, n_heads, T)
+    assert rows.shape == (2, 2, len(ids))
+    assert torch.allclose(rows.sum(-1), torch.ones(2, 2), atol=1e-5)
+    seen = []
+    hooks = [studio.attention_module(b).register_forward_hook(
+        lambda m, i, o: seen.append((m, i[0], o))) for b in model.blocks]
+    model(torch.tensor([ids]))
+    for hook in hooks:
+        hook.remove()
+    for layer, (attn, x, out) in enumerate(seen):
+        B, T, C = x.shape
+        if number == 0:
+            v = attn.qkv(x).split(C, dim=2)[2].view(B, T, 2, C // 2).transpose(1, 2)
+            project = attn.proj
+        else:  # one key/value head serves both query heads
+            v = attn.wv(x).view(B, T, 1, C // 2).transpose(1, 2).expand(B, 2, T, C // 2)
+            project = attn.wo
+        y = (rows[layer][None, :, None, :] @ v)[:, :, 0]  # (1, heads, hs) at the last position
+        assert torch.allclose(project(y.reshape(1, C)), out[:, -1], atol=1e-5)
+    if number == 0:  # and step 11's pictures agree for the GPT
+        maps = attention_maps(model, torch.tensor([ids]))
+        assert torch.allclose(maps[:, :, -1], rows, atol=1e-5)
+
+
+def test_request_form_renders_through_the_requests_step(writers):
+    client = TestClient(studio.create_app(writers))
+    info = client.get("/api/info").json()
+    assert [w["requests"] for w in info["writers"]] == [False, True]
+    assert info["features"] == list(FEATURES)
+    request = {"words": ["dog", "moon"], "features": [FEATURES[0]], "sentence": "It was late."}
+    lines = stream(client, writer=1, request=request, max_new_tokens=2, seed=3)
+    expected = render_request(["dog", "moon"], [FEATURES[0]], "It was late.")
+    assert [t["id"] for t in lines[0]["prompt"]] == writers[1].tokenizer.encode(expected).ids
+    refused = client.post("/api/generate", json={"writer": 0, "request": request})
+    assert refused.status_code == 400 and "not fine-tuned to take requests" in refused.text
+    bad = client.post("/api/generate", json={"writer": 1, "request": {"features": ["Rhyme"]}})
+    assert bad.status_code == 400 and "unknown features ['Rhyme']" in bad.text
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"prompt": "x" * 2001}, 413, "2,001 characters; the studio takes at most 2,000"),
+    ({"max_new_tokens": 1001}, 400, "from 1 to 1,000, got 1001"),
+    ({"max_new_tokens": 0}, 400, "from 1 to 1,000, got 0"),
+    ({"temperature": -1}, 400, "temperature must be a number >= 0"),
+    ({"top_p": 1.5}, 400, "top_p must be in (0, 1]"),
+    ({"seed": "x"}, 400, "seed must be an int >= 0, got 'x'"),
+    ({"writer": 2}, 400, "no checkpoint number 2: this studio has 2"),
+    ({"writer": "../../etc/passwd"}, 400, "no checkpoint number '../../etc/passwd'"),
+    ({"checkpoint": "runs/other/ckpt.pt"}, 200, ""),  # a file name is not even read
+])
+def test_caps_and_refusals_say_what_is_wrong(writers, body, status, message):
+    client = TestClient(studio.create_app(writers))
+    response = client.post("/api/generate", json={"max_new_tokens": 2, **body})
+    assert response.status_code == status and message in response.text
+    if status != 200:
+        assert response.json()["error"]
+
+
+def test_concurrent_stories_are_capped_and_freed(writers):
+    app = studio.create_app(writers, limits={"running": 1})
+    client = TestClient(app)
+    release = app.state.slots.take()  # a story being written elsewhere
+    assert client.get("/api/info").json()["running"] == 1
+    busy = client.post("/api/generate", json={"max_new_tokens": 2})
+    assert busy.status_code == 429
+    assert "already writes 1 stories, its limit: wait for one to end or press stop" in busy.text
+    release()
+    stream(client, max_new_tokens=2)  # the slot is free again, and a finished story frees it
+    assert client.get("/api/info").json()["running"] == 0
+
+
+def test_the_page_loads_nothing_from_the_internet(writers):
+    page = TestClient(studio.create_app(writers)).get("/")
+    assert page.status_code == 200 and "<script>" in page.text
+    assert "http://" not in page.text and "https://" not in page.text
+    assert "<link" not in page.text and "src=" not in page.text
+
+
+def test_a_bad_checkpoint_is_refused_before_the_server_starts(tmp_path, sample_data_dir,
+                                                            monkeypatch, capsys):
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the server started"))
+    bad = tmp_path / "notes.pt"
+    bad.write_text("not a checkpoint")
+    with pytest.raises(SystemExit, match="could not be read as a checkpoint"):
+        studio.main(["--checkpoint", str(bad), "--data-dir", str(sample_data_dir)])
+    other = tiny_checkpoint(tmp_path / "ckpt.pt", sample_data_dir)
+    state = torch.load(other, weights_only=True)
+    save_checkpoint(other, {**state, "tokenizer_sha256": "f" * 64})
+    good = tiny_checkpoint(tmp_path / "good" / "ckpt.pt", sample_data_dir)
+    with pytest.raises(SystemExit, match="different tokenizer"):
+        studio.main(["--checkpoint", str(good), "--checkpoint2", str(other),
+                     "--data-dir", str(sample_data_dir)])
+
+
+def test_localhost_and_a_free_port_unless_asked(tmp_path, sample_data_dir, monkeypatch, capsys):
+    import uvicorn
+
+    ckpt = tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir)
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **_: started.update(
+        host=host, port=port))
+    studio.main(["--checkpoint", str(ckpt), "--data-dir", str(sample_data_dir)])
+    out = capsys.readouterr()
+    assert started["host"] == "127.0.0.1" and 1024 <= started["port"] <= 65535
+    assert f"http://127.0.0.1:{started['port']}/" in out.out and "warning" not in out.err
+    studio.main(["--checkpoint", str(ckpt), "--data-dir", str(sample_data_dir),
+                 "--host", "0.0.0.0", "--port", "8123"])
+    out = capsys.readouterr()
+    assert started == {"host": "0.0.0.0", "port": 8123}
+    assert "warning: --host 0.0.0.0 lets other machines" in out.err

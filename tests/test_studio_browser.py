@@ -1,0 +1,128 @@
+"""The story studio in a real browser: headless Chromium (Debian's `chromium` and
+`chromium-driver`) driven by Selenium loads the page from a server on a tiny checkpoint, writes,
+sees the tokens arrive one by one, inspects one, stops a story, closes a tab that is writing,
+and saves a screenshot."""
+
+import json
+import os
+import shutil
+import threading
+import time
+import urllib.request
+
+import pytest
+from test_studio import tiny_checkpoint
+
+from tiny_llm import studio
+
+INSTALL = ("no headless Chromium found: install it with `sudo apt-get install chromium "
+           "chromium-driver` (Debian/Ubuntu; .ci/run does this in CI), or put `chromium` and "
+           "`chromedriver` on PATH")
+
+
+def browser():
+    """Selenium's Chrome on the system's Chromium, headless; fails saying how to install one."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
+                                                  "google-chrome"))), None)
+    driver = shutil.which("chromedriver") or "/usr/lib/chromium/chromedriver"
+    if binary is None or not os.path.exists(driver):
+        pytest.fail(INSTALL)
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1500,900"):
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=Service(driver))
+
+
+def serve(app):
+    """uvicorn on a free 127.0.0.1 port in a thread: (its address, a function that stops it)."""
+    import uvicorn
+
+    port = studio.free_port("127.0.0.1")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+
+    def stop():
+        server.should_exit = True
+        thread.join(10)
+    return f"http://127.0.0.1:{port}", stop
+
+
+def wait(condition, seconds=20, what="the page"):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not happen within {seconds} s")
+
+
+def test_the_studio_streams_inspects_and_stops_in_chromium(tmp_path, sample_data_dir):
+    ckpt = tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir)
+    writer = studio.load_writer(ckpt, data_dir=sample_data_dir)
+    # 2 ms a forward: tokens arrive apart on any machine, and a long story lasts long enough to stop
+    writer.model.register_forward_pre_hook(lambda *_: time.sleep(0.002))
+    url, stop_server = serve(studio.create_app([writer]))
+    driver = browser()
+    try:
+        driver.get(url)
+        js = driver.execute_script
+        wait(lambda: "checkpoint 1: run/ckpt.pt" in driver.find_element("id", "who").text)
+        js("document.getElementById('length').value = 40")
+        driver.find_element("id", "write").click()
+        status = lambda: driver.find_element("css selector", ".status").text  # noqa: E731
+        wait(lambda: "ended by" in status(), what="a 40-token story")
+        log = js("return studio.log")
+        assert [entry["n"] for entry in log] == list(range(1, 41))
+        assert len({round(entry["t"]) for entry in log}) >= 20  # one by one, not all at once
+        tokens = driver.find_elements("css selector", ".tok:not(.prompt)")
+        assert len(tokens) == 40 and "40 tokens" in status()
+        tokens[30].click()  # past the window of 24: the inspector reads the last 24 tokens
+        wait(lambda: driver.find_element("id", "ctx").text, what="the attention of a token")
+        rows = driver.find_elements("css selector", "#candidates tbody tr")
+        assert len(rows) == 10 and len(driver.find_elements("css selector", "tr.chosen")) <= 1
+        assert js("return studio.selected.layers.length") == 2  # layers x heads x 24 tokens
+        assert js("return studio.selected.layers[1][1].length") == 24
+        shot = tmp_path / "studio.png"
+        driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        if os.environ.get("STUDIO_SCREENSHOT"):  # to refresh steps/images/studio.png by hand
+            shutil.copy(shot, os.environ["STUDIO_SCREENSHOT"])
+        # stop: the browser drops the stream and the server frees the slot
+        js("document.getElementById('length').value = 1000")
+        driver.find_element("id", "write").click()
+        wait(lambda: len(js("return studio.log")) >= 5, what="the long story's first tokens")
+        driver.find_element("id", "stop").click()
+        wait(lambda: "stopped after" in status(), what="the stop button")
+        made = len(js("return studio.log"))
+        assert made < 1000
+
+        def running():
+            with urllib.request.urlopen(f"{url}/api/info") as reply:
+                return json.load(reply)["running"]
+        wait(lambda: running() == 0, 10, "the server's freeing of a stopped story")
+        # a closed tab: its story ends on the server too
+        first_tab = driver.current_window_handle
+        driver.switch_to.new_window("tab")
+        driver.get(url)
+        wait(lambda: "checkpoint 1" in driver.find_element("id", "who").text)
+        js("document.getElementById('length').value = 1000")
+        driver.find_element("id", "write").click()
+        wait(lambda: len(js("return studio.log")) >= 5, what="the second tab's first tokens")
+        assert running() == 1
+        driver.close()
+        driver.switch_to.window(first_tab)
+        wait(lambda: running() == 0, 10, "the end of a closed tab's story")
+    finally:
+        driver.quit()
+        stop_server()
