@@ -375,3 +375,18 @@ def test_speed_reports_a_setting_a_gpu_cannot_run_instead_of_crashing(monkeypatc
     assert speed.measure_if_supported(PRESETS["tiny"], speed.Setting(), 2, 1, 1, MPS) is None
     with pytest.raises(RuntimeError, match="fused AdamW"):  # on a CPU it is a bug: raised
         speed.measure_if_supported(PRESETS["tiny"], speed.Setting(), 2, 1, 1, CPU)
+
+
+# The gpu preset's recipe
+
+
+def test_the_gpu_preset_trains_with_a_gpu_recipe_and_flags_still_win(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["train", "--preset", "gpu"])
+    cfg, _ = train_module.parse_args()
+    assert (cfg.batch_size, cfg.lr, cfg.dtype) == (64, 3e-3, "auto")  # 32,768 tokens a step
+    assert cfg.batch_size * PRESETS["gpu"].max_seq_len == 4 * 16 * 512
+    monkeypatch.setattr("sys.argv", ["train", "--preset", "gpu", "--lr", "1e-3", "--batch-size",
+                                     "8"])
+    assert train_module.parse_args()[0].lr == 1e-3 and train_module.parse_args()[0].batch_size == 8
+    monkeypatch.setattr("sys.argv", ["train", "--preset", "cpu"])
+    assert train_module.parse_args()[0] == TrainConfig(preset="cpu")  # the CPU's: unchanged
