@@ -109,12 +109,9 @@ class TrainConfig:
                              f"got {self.lr}, {self.min_lr}, {self.weight_decay}, {self.grad_clip}")
 
 
-# A preset whose own recipe differs from TrainConfig's defaults, which screenings chose for the
-# 2-core CPU. The command line starts from it, and flags given still win. The `gpu` recipe has
-# not run on a GPU (none was lent to the course): what a GPU user would choose, to be checked
-# against a record. 64 windows of 512 tokens (4x the CPU's tokens per step: a GPU is idle on
-# less); a lower peak for a model 20x the `cpu` preset's size; compiled, where Triton exists.
-# The dtype stays auto: bfloat16 autocast where the GPU has it, float16 with a scaler before.
+# A preset's own training recipe, where the defaults (chosen on the 2-core CPU) do not suit it;
+# flags given still win. `gpu`: 4x the CPU's tokens per step, a lower peak for a model 20x the
+# size, compiled where Triton is. Not yet run on a GPU (docs/troubleshooting.md).
 RECIPES = {"gpu": dict(batch_size=64, lr=3e-3,
                        compile=importlib.util.find_spec("triton") is not None)}
 
@@ -202,7 +199,7 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
         cls = model_class(cfg.model)
         model = cls(replace(cls.presets[cfg.preset], vocab_size=meta["vocab_size"],
                             dropout=cfg.dropout))
-    model = parallel.wrap(model.to(device))  # step 16: compile what DDP or FSDP2 made of it
+    model = parallel.wrap(model.to(device))  # then compile what DDP or FSDP2 made
     if cfg.compile:
         model.compile()  # in place: the state_dict keeps its names
     if cfg.optimizer == "muon":
