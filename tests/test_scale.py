@@ -6,6 +6,7 @@ the in-process comparison), each with one thread, the tiny preset and a few step
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from tiny_llm import train as train_module
 from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint, rng_state, set_rng_state
 from tiny_llm.data import get_batch
 from tiny_llm.gpt import GPT, PRESETS
+from tiny_llm.paths import REPO_ROOT
 from tiny_llm.processes import OneProcess
 from tiny_llm.scale import DataParallel, compare, crossover_tokens, ring_bytes
 from tiny_llm.train import TrainConfig, accumulate_gradients, start_run, train
@@ -171,3 +173,24 @@ def test_solutions():
     result, sends = ex16_scale.exercise_3_ring_by_hand(4)
     assert result and sends == 6  # 2·(4-1) chunks, each a quarter: 1.5 times the gradients
     assert ex16_scale.exercise_4_crossover(8, 400e12, 25e9) == pytest.approx(18_667, rel=1e-3)
+
+
+def test_pyproject_asks_for_a_torch_with_fully_shard():
+    # torch.distributed.fsdp.fully_shard is public from 2.6 (F.rms_norm, step 15, from 2.4)
+    text = (REPO_ROOT / "pyproject.toml").read_text()
+    bound = re.search(r'"torch>=(\d+)\.(\d+)', text)
+    assert bound and (int(bound[1]), int(bound[2])) >= (2, 6)
+
+
+def test_torchrun_ranks_leave_a_gpu_this_pytorch_cannot_use(monkeypatch, capsys):
+    from tiny_llm import scale
+    backends = []
+    monkeypatch.setattr(scale.dist, "init_process_group",
+                        lambda backend, **kwargs: backends.append(backend))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
+    monkeypatch.delenv("TINY_LLM_DEVICE", raising=False)
+    assert scale.start() == torch.device("cpu") and backends == ["gloo"]
+    assert "Tesla V100 has compute capability 7.0" in capsys.readouterr().err
