@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tiny_llm.paths import REPO_ROOT
 
 KEYS = ("data_prep_ratio", "train_speedup", "train_tokens_per_s", "mfu", "kv_cache_speedup")
@@ -19,7 +21,13 @@ def test_quick_bench_writes_every_figure(sample_data_dir, tmp_path):
     for key in KEYS:
         assert result[key] > 0, key
         assert f"\n{key} " in "\n" + proc.stdout
-    assert 0 < result["mfu"] < 1
+    # MFU divides the training's speed by a matmul peak timed at another moment: on a busy
+    # machine it can pass 100%, which the report prints as "n/a". A record, so only its
+    # arithmetic is asserted here, and that the line says which it is.
+    assert result["mfu"] == pytest.approx(result["train_tokens_per_s"] * result["flops_per_token"]
+                                          / (result["peak_gflops"] * 1e9))
+    mfu_line = proc.stdout.split("\nmfu ", 1)[1].splitlines()[0]
+    assert ("n/a (over 100%" in mfu_line) == (result["mfu"] > 1)
     assert result["kv_outputs_equal"] is True
     assert result["val_loss_baseline"] > 0 and isinstance(result["val_loss_within_2pct"], bool)
     assert {"cpu", "cores", "torch", "device"} <= set(result["machine"])

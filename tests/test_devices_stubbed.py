@@ -47,6 +47,89 @@ def gpu(monkeypatch, name, capability):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
 
 
+# An NVIDIA GPU that this PyTorch cannot use
+
+
+def nvidia_driver(monkeypatch, build_cuda="13.2", driver_cuda="12.4"):
+    """Pretend an NVIDIA driver is installed that runs CUDA up to driver_cuda (None: nvidia-smi
+    says nothing), under a PyTorch built for build_cuda (None: a build without CUDA)."""
+    monkeypatch.setattr(device_module, "nvidia_driver_present", lambda: True)
+    monkeypatch.setattr(device_module, "driver_cuda_version", lambda: driver_cuda)
+    monkeypatch.setattr(torch.version, "cuda", build_cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.delenv("TINY_LLM_DEVICE", raising=False)
+
+
+def test_a_driver_older_than_the_build_is_named_not_trained_past_in_silence(monkeypatch, capsys):
+    nvidia_driver(monkeypatch)
+    assert pick_device() == CPU  # the run goes on, on the CPU, and says why
+    note = capsys.readouterr().err
+    assert note.startswith("note: an NVIDIA GPU is here, but PyTorch")
+    assert "built for CUDA 13.2 and cannot use it: its driver runs CUDA up to 12.4" in note
+    assert "https://download.pytorch.org/whl/cu124" in note and "troubleshooting" in note
+    with pytest.raises(ValueError, match=r"device 'cuda' asked for, but an NVIDIA GPU is here.*"
+                                         r"Update the driver"):
+        pick_device("cuda")
+
+
+def test_an_unknown_driver_version_and_a_cpu_only_build_are_named_too(monkeypatch):
+    nvidia_driver(monkeypatch, driver_cuda=None)
+    assert "probably older than that (nvidia-smi" in device_module.cuda_problem()
+    nvidia_driver(monkeypatch, build_cuda=None)  # Windows' PyPI build, or a +cpu one
+    assert "is built without CUDA: install a CUDA build" in device_module.cuda_problem()
+
+
+def test_no_nvidia_driver_no_note(monkeypatch, capsys):
+    nvidia_driver(monkeypatch)
+    monkeypatch.setattr(device_module, "nvidia_driver_present", lambda: False)
+    assert device_module.cuda_problem() is None
+    assert pick_device() == CPU and capsys.readouterr().err == ""
+    with pytest.raises(ValueError, match="this PyTorch sees no CUDA GPU: use 'cpu'"):
+        pick_device("cuda")
+
+
+def test_a_gpu_older_than_every_kernel_in_the_build_is_not_picked(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80", "sm_90a",
+                                                              "sm_100", "sm_120"])
+    monkeypatch.delenv("TINY_LLM_DEVICE", raising=False)
+    gpu(monkeypatch, "Tesla V100", (7, 0))
+    assert pick_device() == CPU
+    assert "Tesla V100 has compute capability 7.0, and PyTorch" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="GPU kernels only from 7.5 on"):
+        pick_device("cuda:0")
+    gpu(monkeypatch, "Tesla T4", (7, 5))
+    assert pick_device() == CUDA and capsys.readouterr().err == ""
+
+
+def test_the_driver_cuda_version_is_read_from_nvidia_smi(monkeypatch):
+    header = "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2     |"
+    monkeypatch.setattr(device_module.subprocess, "run",
+                        lambda *a, **k: device_module.subprocess.CompletedProcess(a, 0, header))
+    assert device_module.driver_cuda_version() == "12.2"
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(device_module.subprocess, "run", missing)
+    assert device_module.driver_cuda_version() is None
+
+
+def test_the_check_skips_a_bfloat16_matmul_the_device_cannot_do(monkeypatch, capsys):
+    def mps_before_macos_14(device, dtype=torch.float32, **kwargs):
+        if dtype == torch.bfloat16:
+            raise TypeError("MPS BFloat16 is only supported on MacOS 14 or newer")
+        return 1234.5
+
+    monkeypatch.setattr(device_module, "matmul_gflops", mps_before_macos_14)
+    monkeypatch.setattr("sys.argv", ["device", "--device", "cpu"])
+    device_module.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2] == "matmul float32   1234.5 GFLOP/s"
+    assert lines[-1] == ("matmul bfloat16  skipped: this device cannot multiply bfloat16 "
+                         "(MPS BFloat16 is only supported on MacOS 14 or newer)")
+
+
 # Bug 2: --dtype auto
 
 
@@ -170,7 +253,10 @@ def test_grouped_query_attention_equals_repeated_heads():
     torch.testing.assert_close(one, repeated[:, :, -1:])
 
 
-def test_muon_iterates_in_bfloat16_on_cuda_and_float32_on_a_cpu(monkeypatch):
+def test_muon_iterates_in_bfloat16_where_the_gpu_has_it_else_float32(monkeypatch):
+    gpu(monkeypatch, "Tesla T4", (7, 5))  # bfloat16 only emulated: as slow as on a CPU
+    assert newton_schulz_dtype(CUDA) == torch.float32
+    gpu(monkeypatch, "NVIDIA H100", (9, 0))
     assert newton_schulz_dtype(CUDA) == torch.bfloat16
     assert newton_schulz_dtype(CPU) == newton_schulz_dtype(MPS) == torch.float32
     g = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
@@ -289,3 +375,18 @@ def test_speed_reports_a_setting_a_gpu_cannot_run_instead_of_crashing(monkeypatc
     assert speed.measure_if_supported(PRESETS["tiny"], speed.Setting(), 2, 1, 1, MPS) is None
     with pytest.raises(RuntimeError, match="fused AdamW"):  # on a CPU it is a bug: raised
         speed.measure_if_supported(PRESETS["tiny"], speed.Setting(), 2, 1, 1, CPU)
+
+
+# The gpu preset's recipe
+
+
+def test_the_gpu_preset_trains_with_a_gpu_recipe_and_flags_still_win(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["train", "--preset", "gpu"])
+    cfg, _ = train_module.parse_args()
+    assert (cfg.batch_size, cfg.lr, cfg.dtype) == (64, 3e-3, "auto")  # 32,768 tokens a step
+    assert cfg.batch_size * PRESETS["gpu"].max_seq_len == 4 * 16 * 512
+    monkeypatch.setattr("sys.argv", ["train", "--preset", "gpu", "--lr", "1e-3", "--batch-size",
+                                     "8"])
+    assert train_module.parse_args()[0].lr == 1e-3 and train_module.parse_args()[0].batch_size == 8
+    monkeypatch.setattr("sys.argv", ["train", "--preset", "cpu"])
+    assert train_module.parse_args()[0] == TrainConfig(preset="cpu")  # the CPU's: unchanged

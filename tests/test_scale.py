@@ -6,15 +6,21 @@ the in-process comparison), each with one thread, the tiny preset and a few step
 
 import json
 import os
+import re
 
 import pytest
 import torch
 from chapters import run_python
 
 from solutions import ex16_scale
-from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint
+from tiny_llm import train as train_module
+from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint, rng_state, set_rng_state
+from tiny_llm.data import get_batch
+from tiny_llm.gpt import GPT, PRESETS
+from tiny_llm.paths import REPO_ROOT
+from tiny_llm.processes import OneProcess
 from tiny_llm.scale import DataParallel, compare, crossover_tokens, ring_bytes
-from tiny_llm.train import TrainConfig, train
+from tiny_llm.train import TrainConfig, accumulate_gradients, start_run, train
 
 TIMEOUT = 180  # seconds: a hung collective fails the test instead of the suite
 
@@ -51,6 +57,61 @@ def test_ring_all_reduce_sends_two_times_n_minus_one_over_n_of_the_gradients():
     assert ring_bytes(1_000_000, 1) == 0
     # the model's size cancels: the crossover depends on the machine and the ranks only
     assert crossover_tokens(8, 400e12, 400e9) == pytest.approx(4 / 3 * 7 / 8 * 1000)
+
+
+class RankOneOfTwo(OneProcess):
+    """The hooks of rank 1 in a 2-rank job, without the job: what DataParallel reports."""
+
+    rank, world_size = 1, 2
+
+
+def test_a_rank_reads_only_its_own_rows_and_stays_in_step(sample_data_dir, monkeypatch):
+    data = torch.arange(1000, dtype=torch.int64).numpy().astype("uint16")
+    whole_gen, mine_gen = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    whole = get_batch(data, 8, 16, "cpu", whole_gen)
+    mine = get_batch(data, 8, 16, "cpu", mine_gen, part=slice(4, 8))
+    assert torch.equal(mine[0], whole[0][4:]) and torch.equal(mine[1], whole[1][4:])
+    assert torch.equal(mine_gen.get_state(), whole_gen.get_state())  # all 8 drawn: in step
+    # the training step: rank 1 of 2 asks for 2 x 4 windows and gets 4 rows, not 8 to slice
+    seen = []
+    real_get_batch = train_module.get_batch
+    monkeypatch.setattr(train_module, "get_batch", lambda *a, **k: seen.append(
+        real_get_batch(*a, **k)[0].shape) or real_get_batch(*a, **k))
+    cfg = TrainConfig(preset="tiny", batch_size=4, grad_accum=2, dtype="float32")
+    data = train_module.load_token_array(sample_data_dir / "train.bin")
+    accumulate_gradients(GPT(PRESETS["tiny"]), data, cfg, torch.device("cpu"),
+                         torch.Generator().manual_seed(0), RankOneOfTwo())
+    assert seen == [(4, 64), (4, 64)]
+
+
+def test_the_model_is_wrapped_before_it_is_compiled(sample_data_dir, tmp_path, monkeypatch):
+    order = []
+
+    class Wrapping(OneProcess):
+        def wrap(self, model):
+            order.append("wrap")
+            return model
+
+    monkeypatch.setattr(GPT, "compile", lambda self: order.append("compile"))
+    cfg = TrainConfig(preset="tiny", max_steps=1, compile=True, data_dir=str(sample_data_dir),
+                      out=str(tmp_path))
+    start_run(cfg, {"vocab_size": 1300}, torch.device("cpu"), tmp_path / "ckpt.pt", Wrapping())
+    assert order == ["wrap", "compile"]  # FSDP2 shards first; DDP is compiled as DDP
+
+
+def test_a_run_of_8_gpus_resumes_on_1_with_the_generators_that_fit(monkeypatch, capsys):
+    data_gen = torch.Generator()
+    state = {**rng_state(data_gen), "cuda": [torch.tensor([g], dtype=torch.uint8)
+                                              for g in range(8)]}
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state",
+                        lambda new, device="cuda": restored.append((int(new[0]), device)))
+    set_rng_state(state, data_gen)
+    assert restored == [(0, 0)]  # GPU 0's generator, and no IndexError for GPUs 1 to 7
+    assert "holds the random generators of 8 GPUs and this machine has 1: restored 1" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.processes
@@ -112,3 +173,24 @@ def test_solutions():
     result, sends = ex16_scale.exercise_3_ring_by_hand(4)
     assert result and sends == 6  # 2·(4-1) chunks, each a quarter: 1.5 times the gradients
     assert ex16_scale.exercise_4_crossover(8, 400e12, 25e9) == pytest.approx(18_667, rel=1e-3)
+
+
+def test_pyproject_asks_for_a_torch_with_fully_shard():
+    # torch.distributed.fsdp.fully_shard is public from 2.6 (F.rms_norm, step 15, from 2.4)
+    text = (REPO_ROOT / "pyproject.toml").read_text()
+    bound = re.search(r'"torch>=(\d+)\.(\d+)', text)
+    assert bound and (int(bound[1]), int(bound[2])) >= (2, 6)
+
+
+def test_torchrun_ranks_leave_a_gpu_this_pytorch_cannot_use(monkeypatch, capsys):
+    from tiny_llm import scale
+    backends = []
+    monkeypatch.setattr(scale.dist, "init_process_group",
+                        lambda backend, **kwargs: backends.append(backend))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
+    monkeypatch.delenv("TINY_LLM_DEVICE", raising=False)
+    assert scale.start() == torch.device("cpu") and backends == ["gloo"]
+    assert "Tesla V100 has compute capability 7.0" in capsys.readouterr().err

@@ -76,7 +76,7 @@ def test_kept_memory_stops_the_page_faults_of_big_tensors():
 def test_profile_names_the_matmuls_and_their_share():
     table, share = profile_step(TINY, Setting(), batch_size=2, device="cpu", rows=30)
     assert "aten::mm" in table or "aten::addmm" in table
-    assert 0.05 < share < 1
+    assert 0 < share <= 1  # a ratio of timings: its size depends on the machine and its load
 
 
 def test_check_prints_a_row_per_setting(monkeypatch, capsys):

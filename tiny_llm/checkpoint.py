@@ -237,8 +237,14 @@ def set_rng_state(state, data_gen):
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     data_gen.set_state(state["data"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available():  # one generator per GPU
+        saved, here = state["cuda"], torch.cuda.device_count()
+        for index, gpu_state in enumerate(saved[:here]):
+            torch.cuda.set_rng_state(gpu_state, index)
+        if len(saved) != here:  # say, a run of 8 GPUs resumed on 1
+            print(f"note: the checkpoint holds the random generators of {len(saved)} GPUs and "
+                  f"this machine has {here}: restored {min(len(saved), here)}, so dropout on the "
+                  "GPU draws other masks than the saved run would have", file=sys.stderr)
 
 
 @contextmanager

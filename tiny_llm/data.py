@@ -261,12 +261,13 @@ def check_sizes(data, seq_len, batch_size=1):
                          f"{len(data):,}: use a shorter seq_len or more data")
 
 
-def get_batch(data, batch_size, seq_len, device=None, generator=None):
+def get_batch(data, batch_size, seq_len, device=None, generator=None, part=slice(None)):
     """Random windows of a token array: x (B, T) int64 and y (B, T) int64, y = x shifted by one.
 
     A window starts at any of 0 .. N-T-1 (N - T choices), so that its last target exists."""
     check_sizes(data, seq_len, batch_size)
     starts = torch.randint(len(data) - seq_len, (batch_size,), generator=generator)
+    starts = starts[part]  # a rank's rows; drawing all B keeps the ranks in step
     rows = starts.numpy()[:, None] + np.arange(seq_len + 1)  # (B, T+1) positions to read
     window = torch.from_numpy(data[rows].astype(np.int64))  # reads B·(T+1) tokens from disk
     x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()

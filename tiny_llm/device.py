@@ -13,7 +13,11 @@ import inspect
 import os
 import platform
 import random
+import re
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from contextlib import contextmanager, nullcontext
 
@@ -30,8 +34,11 @@ def pick_device(name=None):
     device(type='cpu')
     """
     name = name or os.environ.get("TINY_LLM_DEVICE") or None
+    problem = cuda_problem()  # an NVIDIA GPU that this PyTorch cannot use, in words; else None
     if name is None:
-        if torch.cuda.is_available():
+        if problem:
+            print(f"note: {problem}", file=sys.stderr)
+        elif torch.cuda.is_available():
             return torch.device("cuda")
         if torch.backends.mps.is_available():
             return torch.device("mps")
@@ -39,11 +46,74 @@ def pick_device(name=None):
     kind = name.split(":")[0]
     if kind not in DEVICES:
         raise ValueError(f"unknown device {name!r}: use one of {', '.join(DEVICES)}")
+    if kind == "cuda" and problem:
+        raise ValueError(f"device {name!r} asked for, but {problem}")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but this PyTorch sees no CUDA GPU: use 'cpu'")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {name!r} asked for, but MPS is not available here: use 'cpu'")
     return torch.device(name)
+
+
+GPU_HELP = "docs/troubleshooting.md, 'An NVIDIA GPU, and training runs on the CPU'"
+
+
+def nvidia_driver_present():
+    """Whether an NVIDIA driver is installed, whatever PyTorch makes of it: Linux lists it in
+    /proc/driver/nvidia, and nvidia-smi comes with it everywhere."""
+    return os.path.isdir("/proc/driver/nvidia") or shutil.which("nvidia-smi") is not None
+
+
+def driver_cuda_version():
+    """The newest CUDA the NVIDIA driver runs, from nvidia-smi's header ("CUDA Version: 12.4"):
+    "12.4", or None where nvidia-smi is missing or says nothing of it."""
+    try:
+        header = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", header)
+    return f"{found[1]}.{found[2]}" if found else None
+
+
+def oldest_kernels():
+    """The lowest compute capability this PyTorch has GPU kernels for, or None if unknown:
+    (7, 5) for a build of sm_75 ... sm_120 (CUDA 13 builds: T4 and RTX 20xx onwards)."""
+    archs = [re.sub(r"\D", "", a) for a in torch.cuda.get_arch_list() if a.startswith("sm_")]
+    return min(divmod(int(a), 10) for a in archs) if archs else None
+
+
+def cuda_problem():
+    """Why this PyTorch cannot train on the NVIDIA GPU here, with the fix, as one message; None
+    where there is no NVIDIA GPU, or where PyTorch can use it.
+
+    Two cases. The driver is older than the CUDA the build was made for (uv.lock's PyTorch is
+    built for CUDA 13): then torch.cuda.is_available() is False, and without this message the
+    run would train on the CPU in silence. Or the GPU is older than every kernel in the build
+    (CUDA 13 builds have none for a V100 or a GTX 10xx): PyTorch sees it, and fails at the
+    first operation with "no kernel image is available".
+    """
+    build = f"PyTorch {torch.__version__}"
+    if torch.cuda.is_available():
+        oldest, found = oldest_kernels(), torch.cuda.get_device_capability()
+        if oldest is None or found >= oldest:
+            return None
+        return (f"{torch.cuda.get_device_name()} has compute capability {found[0]}.{found[1]}, "
+                f"and {build} has GPU kernels only from {oldest[0]}.{oldest[1]} on. Install a "
+                f"PyTorch build for an older CUDA that still has them, or use --device cpu "
+                f"({GPU_HELP})")
+    if not nvidia_driver_present():
+        return None
+    if torch.version.cuda is None:
+        return (f"an NVIDIA GPU is here, but {build} is built without CUDA: install a CUDA build "
+                f"of PyTorch ({GPU_HELP})")
+    driver = driver_cuda_version()
+    runs = (f"its driver runs CUDA up to {driver}" if driver else "its driver is probably "
+            "older than that (nvidia-smi's first lines say which CUDA it runs)")
+    index = f"cu{driver.replace('.', '')}" if driver else "cuXYZ"
+    return (f"an NVIDIA GPU is here, but {build} is built for CUDA {torch.version.cuda} and cannot "
+            f"use it: {runs}. Update the driver, or install a PyTorch built for your CUDA from "
+            f"https://download.pytorch.org/whl/{index} or the nearest older one PyTorch offers "
+            f"({GPU_HELP})")
 
 
 def seed_everything(seed):
@@ -93,7 +163,7 @@ def kept_memory(enabled=True):
 def has_bf16_hardware(device):
     """Whether `device` multiplies bfloat16 matrices in hardware. On CUDA that means compute
     capability 8.0 or later (A100, H100, RTX 30xx and newer); torch.cuda.is_bf16_supported()
-    also says yes to older GPUs (T4, V100) that only emulate it, unless asked not to."""
+    also says yes to older GPUs (a T4, an RTX 20xx) that only emulate it, unless asked not to."""
     if device.type != "cuda":
         return False  # CPUs differ chip by chip (step 13 measures); MPS: see resolve_dtype
     if "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters:
@@ -104,7 +174,7 @@ def has_bf16_hardware(device):
 def resolve_dtype(device, dtype):
     """The dtype matmuls run in: "float32", "bfloat16" or "float16"; "auto" picks by device:
 
-    CUDA with bfloat16 hardware -> bfloat16; CUDA without (T4, V100) -> float16, which needs a
+    CUDA with bfloat16 hardware -> bfloat16; CUDA without (T4, RTX 20xx) -> float16, which needs a
     gradient scaler (grad_scaler); MPS and CPU -> float32. On MPS float32 works on every Mac and
     PyTorch version, and half-precision autocast there has not run in this course; on a CPU
     bfloat16 is faster only on some chips (step 13 measures it).
@@ -247,7 +317,11 @@ def main():
     print(f"{'seeded randn':<16} {'  '.join(f'{v:.4f}' for v in torch.randn(3).tolist())}")
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        print(f"{'matmul ' + name:<16} {matmul_gflops(device, dtype=dtype):.1f} GFLOP/s")
+        try:
+            rate = f"{matmul_gflops(device, dtype=dtype):.1f} GFLOP/s"
+        except (RuntimeError, TypeError) as err:  # bfloat16 on MPS before macOS 14
+            rate = f"skipped: this device cannot multiply {name} ({str(err).splitlines()[0]})"
+        print(f"{'matmul ' + name:<16} {rate}")
 
 
 if __name__ == "__main__":

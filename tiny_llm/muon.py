@@ -13,9 +13,9 @@ holds both kinds of group, so step 10's loop, schedule and checkpoints work unch
 
 torch.optim.Muon runs its iterations in bfloat16, which a GPU does at full speed and a CPU
 without native bfloat16 emulates at a fiftieth of float32 (step 13): on such a CPU it made a
-training step 4.6 times slower. This version iterates in bfloat16 on CUDA and in float32 on a
-CPU, and stacks the matrices of one shape into one batched product; its result matches
-torch.optim.Muon's within bfloat16 rounding.
+training step 4.6 times slower. This version iterates in bfloat16 on a GPU with bfloat16
+hardware and in float32 elsewhere, and stacks the matrices of one shape into one batched
+product; its result matches torch.optim.Muon's within bfloat16 rounding.
 """
 
 import math
@@ -24,18 +24,23 @@ from collections import defaultdict
 import torch
 import torch.nn as nn
 
+from tiny_llm.device import has_bf16_hardware
+
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic of Muon's reference implementation
 
 
 def newton_schulz_dtype(device):
-    """bfloat16 on a CUDA GPU, whose tensor cores run it fastest (torch.optim.Muon's choice);
-    float32 elsewhere, where bfloat16 may be emulated (a CPU) or not supported (older MPS)."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    """bfloat16 on a GPU with bfloat16 hardware (compute capability 8.0 on), whose tensor cores
+    run it fastest (torch.optim.Muon's choice); float32 elsewhere: a CPU or a T4 would emulate
+    bfloat16, slowly, and older MPS has none. float16 would be fast on a T4 and its range would
+    do (the iteration keeps every singular value near 1), but no run of the course has checked
+    that it trains as well, so float32 it is until one does."""
+    return torch.bfloat16 if has_bf16_hardware(device) else torch.float32
 
 
 def orthogonalize(g, steps=5, eps=1e-7):
     """≈ U·Vᵀ for a matrix (or a stack of matrices) g = U·S·Vᵀ, by Newton-Schulz, in
-    newton_schulz_dtype(g.device): bfloat16 on a CUDA GPU, float32 on a CPU.
+    newton_schulz_dtype(g.device): bfloat16 on a GPU built for it, float32 on a CPU.
 
     Scaling g by its norm puts every singular value in (0, 1]; each iteration
     x <- a·x + b·(x·xᵀ)·x + c·(x·xᵀ)²·x pushes them towards 1 and leaves U and V alone.

@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tiny_llm.checkpoint import load_checkpoint
 from tiny_llm.data import ensure_data
+from tiny_llm.device import pick_device
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
@@ -105,7 +106,7 @@ def gradient_sync_off(model):
 
 def start(device_kind=None):
     """Join the job torchrun started: this rank's device and the process group (nccl or gloo)."""
-    kind = device_kind or ("cuda" if torch.cuda.is_available() else "cpu")
+    kind = device_kind or ("cuda" if pick_device().type == "cuda" else "cpu")  # step 01's
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"data-parallel training runs on cpu (gloo) or cuda (nccl), not {kind!r}")
     device = torch.device("cpu")

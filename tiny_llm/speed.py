@@ -57,7 +57,7 @@ SETTINGS = (
     Setting("fused AdamW, kept memory", adamw="fused", keep_memory=True),
 )
 COMPILED = Setting("compiled, fused, kept", adamw="fused", keep_memory=True, compile=True)
-HALF = Setting("float16 autocast", dtype="float16")  # timed on CUDA only: T4 and V100 have no bf16
+HALF = Setting("float16 autocast", dtype="float16")  # timed on CUDA only: a T4 has no bf16
 
 
 def matmul_params(model):
