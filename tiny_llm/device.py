@@ -172,11 +172,16 @@ def usable_cores():
 
 def pick_threads():
     """Give PyTorch one thread per usable core, unless OMP_NUM_THREADS already chose a number.
-    Returns (threads, why) for the run to print."""
-    if os.environ.get("OMP_NUM_THREADS"):
+    Returns (threads, why) for the run to print. A value that is not a whole number >= 1
+    (0, -1, abc) is ignored, and `why` says so: libgomp only complains, in its own words."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
         return torch.get_num_threads(), "OMP_NUM_THREADS"
     cores = usable_cores()
     torch.set_num_threads(cores)
+    if value:
+        return cores, (f"{cores} usable cores; OMP_NUM_THREADS={value!r} was ignored: it must be "
+                       "a whole number >= 1")
     return cores, f"{cores} usable cores"
 
 

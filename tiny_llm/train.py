@@ -10,6 +10,7 @@ A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 
 
 import argparse
 import math
+import os
 import shlex
 import sys
 import time
@@ -22,6 +23,7 @@ from tqdm import tqdm
 
 from tiny_llm.budget import fit_budget, pace_steps, parse_duration
 from tiny_llm.checkpoint import (
+    check_training_state,
     load_checkpoint,
     model_class,
     model_from_state,
@@ -29,7 +31,7 @@ from tiny_llm.checkpoint import (
     save_run,
     stop_on_ctrl_c,
 )
-from tiny_llm.data import ensure_data, get_batch, load_token_array
+from tiny_llm.data import ensure_data, get_batch, load_meta, load_token_array
 from tiny_llm.device import (
     BusyWatch,
     autocast,
@@ -183,6 +185,7 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
         raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
                               "or pass another --out (or delete the folder) to start afresh")
     if ckpt:
+        check_training_state(ckpt, ckpt_path)  # an imported model has none to resume
         check_resume_settings(cfg, ckpt["train_config"], ckpt_path)
     seed_everything(cfg.seed)
     if ckpt:
@@ -272,7 +275,7 @@ def train(cfg, parallel=ONE_PROCESS):
 def train_in_folder(cfg, parallel):
     """train(), once the run folder is ours."""
     data_dir = Path(cfg.data_dir)
-    meta = ensure_data(data_dir)
+    meta = load_meta(data_dir) if cfg.resume else ensure_data(data_dir)  # resume: never prepare
     device = pick_device(cfg.device)
     threads, why = pick_threads()
     fast_float32_matmuls(device)  # CUDA: TF32 tensor cores for float32 matmuls
@@ -287,6 +290,8 @@ def train_in_folder(cfg, parallel):
         print(f"{'threads':<12} {threads} ({why}), dtype {resolve_dtype(device, cfg.dtype)}",
               file=sys.stderr)
     watch = BusyWatch(threads, device.type == "cpu")
+    check_data_fits(gpt.config, data_dir, train_data, valid_data)  # before any step
+    check_batch_fits(gpt.config, cfg, device)
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     pacing = cfg.time_budget > 0 and step < pace_steps(cfg) < (cfg.max_steps or math.inf)  # open
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
@@ -325,7 +330,7 @@ def train_in_folder(cfg, parallel):
             if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
                 break
     bar.close()
-    return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.is_set()}
+    return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.reason}
 
 
 @contextmanager
@@ -339,11 +344,64 @@ def explain_failed_save(ckpt_path, step, cfg):
         if isinstance(err, RuntimeError) and not full:
             raise
         why = "the disk is full" if full else (getattr(err, "strerror", None) or str(err))
-        kept = (f"{ckpt_path} still holds the previous save, whole" if ckpt_path.exists()
-                else "nothing was saved before")
         fix = "Free some space" if full else "Fix that"
-        raise OSError(f"could not save step {step} in {ckpt_path.parent}: {why}. {kept}. {fix}, "
-                      f"then continue with: {resume_command(cfg)}") from None
+        if ckpt_path.exists():
+            then = (f"{ckpt_path} still holds the previous save, whole. {fix}, then continue "
+                    f"with: {resume_command(cfg)}")
+        else:  # nothing to resume: --resume would find no checkpoint
+            then = f"Nothing was saved before, so there is nothing to resume: {fix}, then start " \
+                   "the run again with the same command"
+        raise OSError(f"could not save step {step} in {ckpt_path.parent}: {why}. {then}") from None
+
+
+def check_data_fits(config, data_dir, train_data, valid_data):
+    """Raise, naming the file and the fix, unless both token files hold one window of the
+    model's context and every id is in its vocabulary (a larger id: the file is corrupt)."""
+    for name, data in (("train.bin", train_data), ("valid.bin", valid_data)):
+        path = Path(data_dir) / name
+        if len(data) <= config.max_seq_len:
+            raise ValueError(
+                f"{path} holds {len(data):,} tokens, fewer than one window of this model's "
+                f"{config.max_seq_len}-token context (+1): prepare a larger corpus (more stories, "
+                "or --valid-stories N with tiny_llm.data), or train a preset with a shorter "
+                "context (--preset tiny: 64 tokens)")
+        if (top := int(data.max())) >= config.vocab_size:
+            raise ValueError(
+                f"{path} holds token id {top:,}, but the vocabulary has {config.vocab_size:,} "
+                f"ids (0 to {config.vocab_size - 1:,}): the file is corrupt, or belongs to another "
+                f"tokenizer. Prepare the data again: uv run python -m tiny_llm.data --source "
+                f"SOURCE --data-dir {data_dir}")
+
+
+def activation_bytes(config, batch_size):
+    """About the memory one micro-batch's forward and backward keep, in bytes (float32): per
+    token, some 20 numbers of width d_model per layer, and 3 of width vocab_size for the logits.
+    A rough guide (within 2x), meant to catch a batch that cannot fit at all."""
+    per_token = 20 * config.d_model * config.n_layers + 3 * config.vocab_size
+    return 4 * per_token * batch_size * config.max_seq_len
+
+
+def memory_bytes(device):
+    """The device's memory in bytes: a GPU's own, else the machine's RAM; None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return None
+
+
+def check_batch_fits(config, cfg, device):
+    """Raise before the first step if one micro-batch needs more memory than the device has,
+    naming the two flags that trade memory for steps."""
+    need, have = activation_bytes(config, cfg.batch_size), memory_bytes(device)
+    if have is not None and need > have:
+        fits = max(1, cfg.batch_size * have // (2 * need))
+        raise ValueError(
+            f"--batch-size {cfg.batch_size} needs about {need / 1e9:,.0f} GB for one micro-batch "
+            f"of {cfg.batch_size} x {config.max_seq_len} tokens, and the {device.type} has "
+            f"{have / 1e9:,.0f} GB: lower --batch-size (about {fits} fits) and raise --grad-accum "
+            f"(now {cfg.grad_accum}) to keep the tokens per step")
 
 
 def resume_command(cfg):
@@ -370,9 +428,36 @@ def parse_args():
              if getattr(args, f.name) is not None}
     cfg = replace(TrainConfig(), **given)
     if cfg.resume:
-        saved = load_checkpoint(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt")
-        cfg = replace(TrainConfig(**saved["train_config"]), **given)
+        cfg = resumed_config(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt", given)
     return cfg, args.sample_tokens
+
+
+def resumed_config(path, given):
+    """The TrainConfig a saved run had, with the flags `given` over it. A setting the saved one
+    lacks takes today's default (a field added since); one this tiny-llm does not know is
+    refused. A data folder that is gone is named, never prepared again at its old place."""
+    saved = load_checkpoint(path)
+    check_training_state(saved, path)
+    names = {f.name for f in fields(TrainConfig)}
+    if unknown := sorted(str(n) for n in saved["train_config"] if n not in names):
+        raise ValueError(f"{path} has the training settings {', '.join(unknown)}, which this "
+                         "tiny-llm does not know: it was made by another version of tiny-llm")
+    try:
+        cfg = replace(TrainConfig(**saved["train_config"]), **given)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path} holds training settings this tiny-llm refuses: {err}") from None
+    if "data_dir" not in given and not (Path(cfg.data_dir) / "meta.json").is_file():
+        moved = os.environ.get("TINY_LLM_DATA_DIR")
+        if not moved or Path(moved) == Path(cfg.data_dir):
+            raise FileNotFoundError(
+                f"the run's data folder {cfg.data_dir} holds no prepared data any more (moved or "
+                f"deleted?): point at where it is now with --data-dir NEW (or the environment "
+                f"variable TINY_LLM_DATA_DIR=NEW); the checkpoint checks that its tokenizer is "
+                "the one the run learned")
+        print(f"note: the run's data folder {cfg.data_dir} is gone: using TINY_LLM_DATA_DIR, "
+              f"{moved}", file=sys.stderr)
+        cfg = replace(cfg, data_dir=moved)
+    return cfg
 
 
 def main():
@@ -380,7 +465,7 @@ def main():
         cfg, sample_tokens = parse_args()
         result = train(cfg)
         if result["interrupted"]:
-            raise SystemExit(f"stopped by Ctrl-C at step {result['step']}, saved "
+            raise SystemExit(f"stopped by {result['interrupted']} at step {result['step']}, saved "
                              f"{result['checkpoint']}; continue with:\n  {resume_command(cfg)}")
         print(f"{'saved':<12} {result['checkpoint']} (step {result['step']})")
         print(f"{'time':<12} {result['time_s']:.1f} s, "
