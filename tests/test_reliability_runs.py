@@ -393,7 +393,9 @@ def test_sigterm_and_sighup_finish_the_step_save_and_say_so(sample_data_dir, tmp
 
 def test_a_batch_too_large_for_memory_is_refused_before_the_first_step(sample_data_dir, tmp_path,
                                                                         monkeypatch):
-    monkeypatch.setattr(train_module, "memory_bytes", lambda device: 1_000_000)  # a 1 MB machine
+    import tiny_llm.device as device_module
+
+    monkeypatch.setattr(device_module, "memory_bytes", lambda device: 1_000_000)  # a 1 MB machine
     monkeypatch.setattr(train_module, "update_weights", lambda *a, **k: pytest.fail("a step ran"))
     with pytest.raises(ValueError, match=r"--batch-size 2 needs about .* GB for one micro-batch "
                                          r"of 2 x 64 tokens.*lower --batch-size .* and raise "
@@ -403,11 +405,12 @@ def test_a_batch_too_large_for_memory_is_refused_before_the_first_step(sample_da
 
 
 def test_the_memory_estimate_lets_the_course_runs_through():
+    import tiny_llm.device as device_module
     from tiny_llm.modern import PRESETS as MODERN
 
     for preset in (PRESETS["cpu"], MODERN["cpu"]):  # the CPU's main job: well under 1 GB
-        assert train_module.activation_bytes(preset, 16) < 1e9
-    assert train_module.activation_bytes(PRESETS["gpu"], 16) < 8e9  # the smallest GPUs' memory
+        assert device_module.activation_bytes(preset, 16) < 1e9
+    assert device_module.activation_bytes(PRESETS["gpu"], 16) < 8e9  # the smallest GPUs' memory
 
 
 def test_a_full_disk_at_the_first_save_does_not_offer_a_resume(sample_data_dir, tmp_path,
@@ -499,8 +502,8 @@ def test_a_token_file_with_ids_beyond_the_vocabulary_is_named_corrupt(sample_dat
     ids = torch.from_numpy(load_token_array_copy(data / "train.bin"))
     ids[100] = 60000
     (data / "train.bin").write_bytes(ids.numpy().astype("uint16").tobytes())
-    with pytest.raises(ValueError, match=r"train.bin holds token id 60,000, but the vocabulary "
-                                         r"has [\d,]+ ids .*the file is corrupt"):
+    with pytest.raises(ValueError, match=r"train.bin holds token id 60,000, beyond the [\d,]+ "
+                                         r"ids of its tokenizer: the file is corrupt"):
         train(config(data, tmp_path / "run"))
 
 
@@ -516,6 +519,7 @@ def test_a_corpus_shorter_than_the_context_is_refused_naming_a_real_flag(tmp_pat
 
     (tmp_path / "two.txt").write_text(f"Tom ran home.\n{EOT}\nAnn sat down and smiled.\n")
     prepare_data(tmp_path / "two.txt", data_dir=tmp_path / "d", vocab_size=300, progress=False)
-    with pytest.raises(ValueError, match=r"holds \d+ tokens, fewer than one window of this "
-                                         r"model's 64-token context.*--valid-stories"):
+    with pytest.raises(ValueError, match=r"seq_len=64 needs at least 65 tokens, the data has "
+                                         r"\d+: prepare more stories .*--valid-stories.*--preset "
+                                         r"tiny"):
         train(config(tmp_path / "d", tmp_path / "run"))

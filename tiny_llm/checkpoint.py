@@ -12,16 +12,15 @@ Only plain types and tensors go in, so it loads with `weights_only=True`: loadin
 never runs code from the file. Nor does it import a module the file names: "model_class" is
 looked up in the course's own table of models, and a name outside it is refused. Steps 09
 (generate) and 10 (train) and everything after use it.
-Every part is checked when the file is read: a config lacking a field, or holding one the class
-does not know, is refused by name rather than filled with a default (a model of 4 heads rebuilt
-from weights trained with 2 computes something else, silently).
-Training also needs the state of every random generator, and a way to stop on Ctrl-C (or the
-SIGTERM of a closing terminal or a scheduler) between two steps, where the state is consistent
-and worth saving: both are here too.
+Every part is checked when the file is read: a config field missing or unknown is refused by
+name, never filled with a default the weights did not learn with.
+Training also needs the state of every random generator, and a way to stop on Ctrl-C (or
+SIGTERM) between two steps, where the state is consistent and worth saving: both are here too.
 """
 
 import importlib
 import json
+import os
 import pickle
 import random
 import re
@@ -29,21 +28,20 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tiny_llm.files import atomic_path
+from tiny_llm.files import atomic_path, is_disk_full
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.processes import ONE_PROCESS
 from tiny_llm.tokenize import load_tokenizer, tokenizer_sha256
 
 REQUIRED_KEYS = ("model", "config", "step", "tokenizer_sha256")
-# The layout of the dict. A checkpoint without "format" was written before the number existed
-# (before issue 26): it is read, with a note, since its parts are checked one by one all the same.
-# A larger number comes from a newer tiny-llm and is refused: its parts may mean other things.
+# The layout of the dict. One without "format" predates the number: read, with a note (its parts
+# are checked all the same); a larger one comes from a newer tiny-llm and is refused.
 FORMAT_VERSION = 1
 TRAINING_KEYS = ("optimizer", "rng", "train_config")  # what --resume needs beyond the model
 # Every model class the course builds: the name a checkpoint records -> (module, class), in
@@ -117,10 +115,11 @@ def save_checkpoint(path, state):
         torch.save({"format": FORMAT_VERSION, **state}, tmp)
 
 
-def load_checkpoint(path, device="cpu", data_dir=None):
+def load_checkpoint(path, device="cpu", data_dir=None, run=False):
     """Read a checkpoint dict, with tensors placed on `device`; clear errors for bad files.
 
-    With `data_dir`, also check that its prepared tokenizer is the one the model learned.
+    With `data_dir`, also check that its prepared tokenizer is the one the model learned;
+    with run=True, that it holds a run's training state, for --resume.
     """
     path = Path(path)
     if not path.is_file():
@@ -148,6 +147,8 @@ def load_checkpoint(path, device="cpu", data_dir=None):
             f"{path} is not a tiny-llm checkpoint: expected the keys {REQUIRED_KEYS}, found {found}"
         )
     check_parts(state, path)
+    if run:
+        check_training_state(state, path)
     if data_dir is not None:
         check_tokenizer(state, data_dir, path)
     return state
@@ -240,6 +241,25 @@ def model_from_state(ckpt, path="the checkpoint"):
     return model
 
 
+@contextmanager
+def explain_failed_save(ckpt_path, step, resume):
+    """Turn a save that fails (a full disk, a folder gone) into one clear error, ending with the
+    command that resumes the run (`resume`) if a checkpoint is there to resume. Every file is
+    written to a temporary name and renamed when whole, so the last good save is still there."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        full = is_disk_full(err)  # torch.save says a short write in a RuntimeError
+        if isinstance(err, RuntimeError) and not full:
+            raise
+        why = "the disk is full" if full else (getattr(err, "strerror", None) or str(err))
+        fix = "Free some space" if full else "Fix that"
+        then = (f"{ckpt_path} still holds the previous save, whole. {fix}, then continue with: "
+                f"{resume}" if ckpt_path.exists() else "Nothing was saved before, "
+                f"so there is nothing to resume: {fix}, then start the run again, as before")
+        raise OSError(f"could not save step {step} in {ckpt_path.parent}: {why}. {then}") from None
+
+
 def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
              parallel=ONE_PROCESS, scaler=None):
     """Write log.jsonl, then ckpt.pt, each atomically. A run killed between the two leaves a
@@ -297,6 +317,34 @@ def read_log(path):
             print(f"note: the last line of {path} is cut short ({err.msg}): skipped, so the "
                   f"log ends at step {last}", file=sys.stderr)
     return records
+
+
+def resumed_config(path, config_class, given):
+    """The settings (a config_class: step 10's TrainConfig) of the run saved in `path`, with the
+    flags `given` over them. A setting the saved run lacks takes today's default (a field added
+    since); one this tiny-llm does not know is refused. A data folder that is gone is named,
+    never prepared again at its old place."""
+    saved = load_checkpoint(path, run=True)
+    names = {f.name for f in fields(config_class)}
+    if unknown := sorted(str(n) for n in saved["train_config"] if n not in names):
+        raise ValueError(f"{path} has the training settings {', '.join(unknown)}, which this "
+                         "tiny-llm does not know: it was made by another version of tiny-llm")
+    try:
+        cfg = replace(config_class(**saved["train_config"]), **given)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path} holds training settings this tiny-llm refuses: {err}") from None
+    if "data_dir" not in given and not (Path(cfg.data_dir) / "meta.json").is_file():
+        moved = os.environ.get("TINY_LLM_DATA_DIR")
+        if not moved or Path(moved) == Path(cfg.data_dir):
+            raise FileNotFoundError(
+                f"the run's data folder {cfg.data_dir} holds no prepared data any more (moved or "
+                f"deleted?): point at where it is now with --data-dir NEW (or the environment "
+                f"variable TINY_LLM_DATA_DIR=NEW); the checkpoint checks that its tokenizer is "
+                "the one the run learned")
+        print(f"note: the run's data folder {cfg.data_dir} is gone: using TINY_LLM_DATA_DIR, "
+              f"{moved}", file=sys.stderr)
+        cfg = replace(cfg, data_dir=moved)
+    return cfg
 
 
 def rng_state(data_gen):

@@ -292,12 +292,17 @@ def load_token_array(path):
     if (n_bytes := path.stat().st_size) % 2 or n_bytes == 0:
         raise ValueError(f"{path} has {n_bytes:,} bytes, not a whole number of uint16 tokens: it "
                          f"is truncated or empty; {MAKE_IT}")
+    data = np.memmap(path, dtype=np.uint16, mode="r")
     if path.stem in ("train", "valid") and (path.parent / "meta.json").is_file():
-        expected = read_meta(path.parent)[path.stem]["tokens"]
-        if n_bytes // 2 != expected:
+        meta = read_meta(path.parent)
+        if n_bytes // 2 != (expected := meta[path.stem]["tokens"]):
             raise ValueError(f"{path} holds {n_bytes // 2:,} tokens, meta.json says {expected:,}: "
                              f"the file is truncated or stale; {MAKE_IT}")
-    return np.memmap(path, dtype=np.uint16, mode="r")
+        if (top := int(data.max())) >= meta["vocab_size"]:  # one pass over the file
+            raise ValueError(f"{path} holds token id {top:,}, beyond the "
+                             f"{meta['vocab_size']:,} ids of its tokenizer: the file is corrupt; "
+                             f"{MAKE_IT}")
+    return data
 
 
 def check_sizes(data, seq_len, batch_size=1):
@@ -309,7 +314,8 @@ def check_sizes(data, seq_len, batch_size=1):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if seq_len >= len(data):
         raise ValueError(f"seq_len={seq_len} needs at least {seq_len + 1} tokens, the data has "
-                         f"{len(data):,}: use a shorter seq_len or more data")
+                         f"{len(data):,}: prepare more stories (tiny_llm.data: a larger corpus, or "
+                         f"a larger --valid-stories), or train a shorter context (--preset tiny)")
 
 
 def get_batch(data, batch_size, seq_len, device=None, generator=None):

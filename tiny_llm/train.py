@@ -10,11 +10,10 @@ A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 
 
 import argparse
 import math
-import os
 import shlex
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -23,11 +22,12 @@ from tqdm import tqdm
 
 from tiny_llm.budget import fit_budget, pace_steps, parse_duration
 from tiny_llm.checkpoint import (
-    check_training_state,
+    explain_failed_save,
     load_checkpoint,
     model_class,
     model_from_state,
     resume_run,
+    resumed_config,
     save_run,
     stop_on_ctrl_c,
 )
@@ -35,6 +35,7 @@ from tiny_llm.data import ensure_data, get_batch, load_meta, load_token_array
 from tiny_llm.device import (
     BusyWatch,
     autocast,
+    check_batch_fits,
     fast_float32_matmuls,
     grad_scaler,
     kept_memory,
@@ -43,7 +44,6 @@ from tiny_llm.device import (
     resolve_dtype,
     seed_everything,
 )
-from tiny_llm.files import is_disk_full
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.loss import mean_loss
 from tiny_llm.muon import muon_adamw, muon_momentum
@@ -180,12 +180,11 @@ def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCE
 def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     """The model, optimizer, gradient scaler, data generator, step, log records and cfg (with
     the step count a budget fixed): fresh, or from ckpt_path, read once."""
-    ckpt = load_checkpoint(ckpt_path, data_dir=cfg.data_dir) if cfg.resume else None  # + tokenizer
+    ckpt = load_checkpoint(ckpt_path, data_dir=cfg.data_dir, run=True) if cfg.resume else None
     if ckpt is None and ckpt_path.exists():
         raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
                               "or pass another --out (or delete the folder) to start afresh")
     if ckpt:
-        check_training_state(ckpt, ckpt_path)  # an imported model has none to resume
         check_resume_settings(cfg, ckpt["train_config"], ckpt_path)
     seed_everything(cfg.seed)
     if ckpt:
@@ -290,8 +289,7 @@ def train_in_folder(cfg, parallel):
         print(f"{'threads':<12} {threads} ({why}), dtype {resolve_dtype(device, cfg.dtype)}",
               file=sys.stderr)
     watch = BusyWatch(threads, device.type == "cpu")
-    check_data_fits(gpt.config, data_dir, train_data, valid_data)  # before any step
-    check_batch_fits(gpt.config, cfg, device)
+    check_batch_fits(gpt.config, cfg.batch_size, cfg.grad_accum, device)  # before any step
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     pacing = cfg.time_budget > 0 and step < pace_steps(cfg) < (cfg.max_steps or math.inf)  # open
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
@@ -324,84 +322,13 @@ def train_in_folder(cfg, parallel):
                 records[-1]["val_loss"] = estimate_loss(gpt, valid_data, cfg, device)
                 tqdm.write(eval_line(records[-1]), file=sys.stdout)
             if evaluate or stop.is_set():
-                with explain_failed_save(ckpt_path, step, cfg):
+                with explain_failed_save(ckpt_path, step, resume_command(cfg)):
                     save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
                              parallel, scaler)
             if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
                 break
     bar.close()
     return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.reason}
-
-
-@contextmanager
-def explain_failed_save(ckpt_path, step, cfg):
-    """Turn a save that fails (a full disk, a folder gone) into one clear error. Every file is
-    written to a temporary name and renamed when whole, so the last good save is still there."""
-    try:
-        yield
-    except (OSError, RuntimeError) as err:
-        full = is_disk_full(err)  # torch.save says a short write in a RuntimeError
-        if isinstance(err, RuntimeError) and not full:
-            raise
-        why = "the disk is full" if full else (getattr(err, "strerror", None) or str(err))
-        fix = "Free some space" if full else "Fix that"
-        if ckpt_path.exists():
-            then = (f"{ckpt_path} still holds the previous save, whole. {fix}, then continue "
-                    f"with: {resume_command(cfg)}")
-        else:  # nothing to resume: --resume would find no checkpoint
-            then = f"Nothing was saved before, so there is nothing to resume: {fix}, then start " \
-                   "the run again with the same command"
-        raise OSError(f"could not save step {step} in {ckpt_path.parent}: {why}. {then}") from None
-
-
-def check_data_fits(config, data_dir, train_data, valid_data):
-    """Raise, naming the file and the fix, unless both token files hold one window of the
-    model's context and every id is in its vocabulary (a larger id: the file is corrupt)."""
-    for name, data in (("train.bin", train_data), ("valid.bin", valid_data)):
-        path = Path(data_dir) / name
-        if len(data) <= config.max_seq_len:
-            raise ValueError(
-                f"{path} holds {len(data):,} tokens, fewer than one window of this model's "
-                f"{config.max_seq_len}-token context (+1): prepare a larger corpus (more stories, "
-                "or --valid-stories N with tiny_llm.data), or train a preset with a shorter "
-                "context (--preset tiny: 64 tokens)")
-        if (top := int(data.max())) >= config.vocab_size:
-            raise ValueError(
-                f"{path} holds token id {top:,}, but the vocabulary has {config.vocab_size:,} "
-                f"ids (0 to {config.vocab_size - 1:,}): the file is corrupt, or belongs to another "
-                f"tokenizer. Prepare the data again: uv run python -m tiny_llm.data --source "
-                f"SOURCE --data-dir {data_dir}")
-
-
-def activation_bytes(config, batch_size):
-    """About the memory one micro-batch's forward and backward keep, in bytes (float32): per
-    token, some 20 numbers of width d_model per layer, and 3 of width vocab_size for the logits.
-    A rough guide (within 2x), meant to catch a batch that cannot fit at all."""
-    per_token = 20 * config.d_model * config.n_layers + 3 * config.vocab_size
-    return 4 * per_token * batch_size * config.max_seq_len
-
-
-def memory_bytes(device):
-    """The device's memory in bytes: a GPU's own, else the machine's RAM; None if unknown."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # Windows has no sysconf
-        return None
-
-
-def check_batch_fits(config, cfg, device):
-    """Raise before the first step if one micro-batch needs more memory than the device has,
-    naming the two flags that trade memory for steps."""
-    need, have = activation_bytes(config, cfg.batch_size), memory_bytes(device)
-    if have is not None and need > have:
-        fits = max(1, cfg.batch_size * have // (2 * need))
-        raise ValueError(
-            f"--batch-size {cfg.batch_size} needs about {need / 1e9:,.0f} GB for one micro-batch "
-            f"of {cfg.batch_size} x {config.max_seq_len} tokens, and the {device.type} has "
-            f"{have / 1e9:,.0f} GB: lower --batch-size (about {fits} fits) and raise --grad-accum "
-            f"(now {cfg.grad_accum}) to keep the tokens per step")
 
 
 def resume_command(cfg):
@@ -428,36 +355,8 @@ def parse_args():
              if getattr(args, f.name) is not None}
     cfg = replace(TrainConfig(), **given)
     if cfg.resume:
-        cfg = resumed_config(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt", given)
+        cfg = resumed_config(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt", TrainConfig, given)
     return cfg, args.sample_tokens
-
-
-def resumed_config(path, given):
-    """The TrainConfig a saved run had, with the flags `given` over it. A setting the saved one
-    lacks takes today's default (a field added since); one this tiny-llm does not know is
-    refused. A data folder that is gone is named, never prepared again at its old place."""
-    saved = load_checkpoint(path)
-    check_training_state(saved, path)
-    names = {f.name for f in fields(TrainConfig)}
-    if unknown := sorted(str(n) for n in saved["train_config"] if n not in names):
-        raise ValueError(f"{path} has the training settings {', '.join(unknown)}, which this "
-                         "tiny-llm does not know: it was made by another version of tiny-llm")
-    try:
-        cfg = replace(TrainConfig(**saved["train_config"]), **given)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{path} holds training settings this tiny-llm refuses: {err}") from None
-    if "data_dir" not in given and not (Path(cfg.data_dir) / "meta.json").is_file():
-        moved = os.environ.get("TINY_LLM_DATA_DIR")
-        if not moved or Path(moved) == Path(cfg.data_dir):
-            raise FileNotFoundError(
-                f"the run's data folder {cfg.data_dir} holds no prepared data any more (moved or "
-                f"deleted?): point at where it is now with --data-dir NEW (or the environment "
-                f"variable TINY_LLM_DATA_DIR=NEW); the checkpoint checks that its tokenizer is "
-                "the one the run learned")
-        print(f"note: the run's data folder {cfg.data_dir} is gone: using TINY_LLM_DATA_DIR, "
-              f"{moved}", file=sys.stderr)
-        cfg = replace(cfg, data_dir=moved)
-    return cfg
 
 
 def main():
