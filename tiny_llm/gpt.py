@@ -156,7 +156,8 @@ class GPT(nn.Module):
 def check_targets(idx, targets, vocab_size, values=True):
     """Raise a clear error unless `targets` are next-token ids for `idx`: int64, same shape, at
     least one of them, each in [0, vocab_size) or -1 (left out of the loss), not all -1.
-    values=False skips the checks that read the ids (min, max), which make a GPU stop and wait."""
+    values=False skips the checks that read the ids (min, max), which make a GPU stop and wait
+    (and break a compiled graph, step 13: they are skipped there too)."""
     if not torch.is_tensor(targets) or targets.dtype != torch.long:
         kind = targets.dtype if torch.is_tensor(targets) else type(targets).__name__
         raise TypeError(f"targets must be integer token ids, got {kind}: cross_entropy takes "
@@ -167,7 +168,7 @@ def check_targets(idx, targets, vocab_size, values=True):
     if targets.numel() == 0:
         raise ValueError(f"the batch is empty (targets of shape {tuple(targets.shape)}): the mean "
                          "loss over no token is nan; pass at least one window")
-    if not values:
+    if not values or torch.compiler.is_compiling():  # a compiled graph reads no values either
         return
     low, high = (int(v) for v in torch.aminmax(targets))  # on a CPU: no device to wait for
     if low < -1 or high >= vocab_size:
