@@ -513,13 +513,16 @@ def test_evaluate_draws_a_modern_gpts_attention_and_says_it_has_no_position_tabl
         "model": model.state_dict(), "config": asdict(model.config), "step": 1,
         "model_class": class_path(model), "data_source": "sample",
         "tokenizer_sha256": tokenizer_sha256(folder / "tokenizer.json")})
+    drawn = []  # the maps the picture gets (drawing it is plots.py's, tested there)
+    monkeypatch.setattr(evaluate, "plot_attention_maps", lambda maps, *a: drawn.append(maps.shape))
     monkeypatch.setattr(sys, "argv", [
         "evaluate", "--checkpoint", str(tmp_path / "ckpt.pt"), "--data-dir", str(folder),
-        "--max-batches", "1", "--samples", "0", "--attention-plot", str(tmp_path / "a.png"),
-        "--positions-plot", str(tmp_path / "p.png")])
+        "--max-batches", "1", "--batch-size", "1", "--samples", "0", "--attention-plot",
+        str(tmp_path / "a.png"), "--positions-plot", str(tmp_path / "p.png")])
     evaluate.main()
     out = capsys.readouterr().out
-    assert (tmp_path / "a.png").is_file() and not (tmp_path / "p.png").exists()
+    c = model.config
+    assert drawn[0][:2] == (c.n_layers, c.n_heads) and not (tmp_path / "p.png").exists()
     assert "positions plot   none: this ModernGPT has no learned position table" in out
 
 
