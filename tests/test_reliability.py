@@ -341,3 +341,261 @@ def test_a_model_fed_bad_ids_names_what_it_got_and_the_fix(ids, error, says):
     with pytest.raises(error) as raised:
         model(ids)
     assert says in str(raised.value)
+
+
+# --- the second probe (issue 26): checkpoints checked part by part ------------------------------
+
+
+def edited_checkpoint(folder, tmp_path, edit):
+    """A small checkpoint, loaded, changed by `edit(state)`, written back as a hand would."""
+    save_small_checkpoint(tmp_path / "ckpt.pt", folder)
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    edit(state)
+    torch.save(state, tmp_path / "ckpt.pt")
+    return tmp_path / "ckpt.pt"
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda s: s["config"].pop("n_heads"), r"lacks n_heads\. It was made by another version of "
+                                           r"tiny-llm, or edited by hand"),
+    (lambda s: s["config"].update(colour="red"), r"it has colour, which GPTConfig does not know"),
+    (lambda s: s["config"].update(n_heads="2"), r"holds a config this GPTConfig refuses: "
+                                                r"GPTConfig.n_heads must be an int, got '2'"),
+    (lambda s: s.update(step="1"), r"its 'step' is str '1', not a int"),
+    (lambda s: s.update(config=[1, 2]), r"its 'config' is list"),
+    (lambda s: s.update(format=2), r"has checkpoint format 2; this tiny-llm reads format 1 and "
+                                   r"older: it was made by another \(newer\) version"),
+], ids=["missing-field", "unknown-field", "field-type", "step-as-text", "config-a-list", "newer"])
+def test_an_edited_checkpoint_is_refused_naming_what_is_wrong(folder, tmp_path, edit, says):
+    path = edited_checkpoint(folder, tmp_path, edit)
+    with pytest.raises(ValueError, match=says):
+        model_from_checkpoint(path, data_dir=folder)  # what generate, evaluate, export call
+
+
+def test_a_checkpoint_carries_its_format_and_one_without_is_read_with_a_note(folder, tmp_path,
+                                                                             capsys):
+    from tiny_llm.checkpoint import FORMAT_VERSION
+
+    save_small_checkpoint(tmp_path / "ckpt.pt", folder)
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["format"] == FORMAT_VERSION == 1
+    assert "note" not in capsys.readouterr().err
+    path = edited_checkpoint(folder, tmp_path, lambda s: s.pop("format"))  # as before issue 26
+    model, _ = model_from_checkpoint(path, data_dir=folder)
+    assert model.config.n_heads == 2
+    assert "has no format version" in capsys.readouterr().err
+
+
+# --- export --import writes new files only; export --out a link -------------------------------
+
+
+@pytest.mark.parametrize("existing", ["ckpt.pt", "tokenizer.json"])
+def test_an_import_never_replaces_a_checkpoint_or_a_tokenizer(folder, tmp_path, existing):
+    from tiny_llm.export import import_gpt2
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / existing).write_bytes(b"a trained run's file")
+    (tmp_path / "not-a-model").mkdir()  # never reached: the check comes before any work
+    with pytest.raises(FileExistsError, match=rf"run/{existing} exists .*an import writes only "
+                                              r"new files"):
+        import_gpt2(tmp_path / "not-a-model", run / "ckpt.pt")
+    assert [p.name for p in run.iterdir()] == [existing]
+    assert (run / existing).read_bytes() == b"a trained run's file"
+
+
+def test_export_refuses_an_out_that_is_a_link_before_any_work(tmp_path):
+    with atomic_folder(tmp_path / "first"):  # an earlier export, which may be replaced
+        pass
+    (tmp_path / "latest").symlink_to(tmp_path / "first")
+    with pytest.raises(FileExistsError, match=r"latest is a symbolic link .*pick a new --out"):
+        export(tmp_path / "no-such-ckpt.pt", tmp_path / "latest")
+    assert (tmp_path / "latest").is_symlink()
+
+
+# --- the forward checks its targets ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("targets, error, says", [
+    (torch.full((2, 8), 64), ValueError, r"token ids in \[0, 64\) or -1 \(ignored\), got values "
+                                         r"from 64 to 64"),
+    (torch.zeros(2, 8, dtype=torch.uint8), TypeError, r"got torch.uint8: cross_entropy takes "
+                                                       r"int64"),
+    (torch.full((2, 8), -1), ValueError, r"every target is -1 \(ignored\): the mean loss over no "
+                                         r"token is nan"),
+], ids=["equal-to-vocab", "uint8", "all-ignored"])
+def test_the_forward_names_bad_targets(targets, error, says):
+    model = GPT(GPTConfig(vocab_size=64, max_seq_len=8, d_model=16, n_layers=1, n_heads=2))
+    with pytest.raises(error, match=says):
+        model(torch.zeros(2, 8, dtype=torch.long), targets)
+
+
+def test_the_forward_refuses_an_empty_batch_instead_of_a_nan_loss():
+    model = GPT(GPTConfig(vocab_size=64, max_seq_len=8, d_model=16, n_layers=1, n_heads=2))
+    empty = torch.zeros(0, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"the batch is empty \(targets of shape \(0, 8\)\)"):
+        model(empty, empty)
+
+
+# --- data: two preparations at once; a corpus too small -----------------------------------------
+
+
+def test_a_second_preparation_of_one_folder_at_once_is_refused(folder, monkeypatch):
+    before = contents(folder)
+    (folder / ".prepare.lock").write_text("1\n")  # process 1 lives as long as the machine
+    monkeypatch.setattr(data, "train_tokenizer", never)
+    monkeypatch.setattr(sys, "argv", ["data", "--source", "sample", "--data-dir", str(folder)])
+    with pytest.raises(SystemExit, match=r"^error: .*data is being prepared by process 1 "
+                                         r"already: wait for it to end"):
+        data.main()  # exits non-zero, with the message
+    (folder / ".prepare.lock").unlink()
+    assert contents(folder) == before
+
+
+def test_a_lock_left_by_a_killed_preparation_is_taken_over(folder):
+    (folder / ".prepare.lock").write_text(f"{dead_pid()}\n")
+    prepare_small(folder)
+    assert not (folder / ".prepare.lock").exists()
+
+
+def test_a_corpus_too_small_for_a_window_warns_when_prepared_naming_the_fix(tmp_path, capsys):
+    (tmp_path / "two.txt").write_text(f"Tom ran.\n{EOT}\nAnn sat down and smiled.\n")
+    prepare_data(tmp_path / "two.txt", data_dir=tmp_path / "d", vocab_size=300, progress=False)
+    err = capsys.readouterr().err
+    assert "warning: " in err and ".bin holds only" in err and "no preset fits it" in err
+    assert "-stories)" in err and "seq_len" not in err
+
+
+# --- every model through every command: ModernGPT's attention and positions ----------------------
+
+
+def tiny_modern(vocab_size=64):
+    from tiny_llm.modern import PRESETS as MODERN
+
+    torch.manual_seed(0)
+    return MODERN["tiny"].__class__(**{**asdict(MODERN["tiny"]), "vocab_size": vocab_size})
+
+
+def test_attention_maps_of_a_modern_gpt_are_causal_rows_per_query_head():
+    from tiny_llm.evaluate import attention_maps
+    from tiny_llm.modern import ModernGPT
+
+    model = ModernGPT(tiny_modern())
+    c = model.config
+    maps = attention_maps(model, torch.randint(0, 64, (1, 10)))
+    assert maps.shape == (c.n_layers, c.n_heads, 10, 10)
+    assert torch.allclose(maps.sum(-1), torch.ones(c.n_layers, c.n_heads, 10))
+    assert maps.triu(1).abs().max() == 0  # no query looks ahead
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert sdpa.__name__ == "scaled_dot_product_attention"  # put back
+
+
+def test_attention_maps_of_the_gpt_are_the_explicit_paths_weights():
+    from tiny_llm.evaluate import attention_maps
+
+    model = GPT(GPTConfig(vocab_size=64, max_seq_len=8, d_model=16, n_layers=2, n_heads=2)).eval()
+    idx = torch.randint(0, 64, (1, 8))
+    maps = attention_maps(model, idx)
+    x = model.embed(idx)
+    attn = model.blocks[0].attn
+    q, k, _ = attn.qkv(model.blocks[0].ln_1(x)).split(16, dim=2)
+    q, k = (t.view(1, 8, 2, 8).transpose(1, 2) for t in (q, k))
+    scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~attn.mask[:8, :8], float("-inf"))
+    assert torch.allclose(maps[0], torch.softmax(scores, -1)[0], atol=1e-6)
+
+
+def test_evaluate_draws_a_modern_gpts_attention_and_says_it_has_no_position_table(
+        folder, tmp_path, monkeypatch, capsys):
+    from tiny_llm import evaluate
+    from tiny_llm.modern import ModernGPT
+
+    model = ModernGPT(tiny_modern(load_meta(folder)["vocab_size"]))
+    save_checkpoint(tmp_path / "ckpt.pt", {
+        "model": model.state_dict(), "config": asdict(model.config), "step": 1,
+        "model_class": class_path(model), "data_source": "sample",
+        "tokenizer_sha256": tokenizer_sha256(folder / "tokenizer.json")})
+    drawn = []  # the maps the picture gets (drawing it is plots.py's, tested there)
+    monkeypatch.setattr(evaluate, "plot_attention_maps", lambda maps, *a: drawn.append(maps.shape))
+    monkeypatch.setattr(sys, "argv", [
+        "evaluate", "--checkpoint", str(tmp_path / "ckpt.pt"), "--data-dir", str(folder),
+        "--max-batches", "1", "--batch-size", "1", "--samples", "0", "--attention-plot",
+        str(tmp_path / "a.png"), "--positions-plot", str(tmp_path / "p.png")])
+    evaluate.main()
+    out = capsys.readouterr().out
+    c = model.config
+    assert drawn[0][:2] == (c.n_layers, c.n_heads) and not (tmp_path / "p.png").exists()
+    assert "positions plot   none: this ModernGPT has no learned position table" in out
+
+
+def test_evaluate_checks_the_picture_folders_before_scoring(folder, tmp_path, monkeypatch):
+    from tiny_llm import evaluate
+
+    save_small_checkpoint(tmp_path / "ckpt.pt", folder)
+    (tmp_path / "log.jsonl").write_text('{"step": 0, "train_loss": 5.0, "val_loss": 5.0}\n')
+
+    def refused(*args, **kwargs):  # what a read-only folder does (root may write anywhere)
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(files.tempfile, "TemporaryFile", refused)
+    monkeypatch.setattr(evaluate, "evaluate_loss", never)
+    monkeypatch.setattr(sys, "argv", ["evaluate", "--checkpoint", str(tmp_path / "ckpt.pt"),
+                                      "--data-dir", str(folder)])
+    with pytest.raises(SystemExit, match=r"^error: cannot write in .* the folder of the --plot "
+                                         r"picture \(pass --plot PATH to save it elsewhere\)"):
+        evaluate.main()
+
+
+# --- generate's command line --------------------------------------------------------------------
+
+
+def test_generate_refuses_a_seed_a_generator_cannot_hold(monkeypatch, capsys):
+    from tiny_llm import generate
+
+    monkeypatch.setattr(sys, "argv", ["generate", "--seed", "99999999999999999999"])
+    with pytest.raises(SystemExit):
+        generate.parse_args()
+    assert "--seed must be below 2**64" in capsys.readouterr().err
+
+
+def test_generate_reads_the_prompt_from_a_pipe_or_with_dash(tmp_path):
+    import io
+    import os
+
+    from tiny_llm.generate import PROMPT, read_prompt
+
+    assert read_prompt("-", stdin=io.StringIO("Zebra\n")) == "Zebra"
+    assert read_prompt("A cat", stdin=io.StringIO("Zebra\n")) == "A cat"  # --prompt wins
+    r, w = os.pipe()
+    os.write(w, b"Zebra\n")
+    os.close(w)
+    with os.fdopen(r) as piped:  # echo Zebra | generate
+        assert read_prompt(None, stdin=piped) == "Zebra"
+    with open(os.devnull) as nothing:  # < /dev/null, as a test harness or cron gives
+        assert read_prompt(None, stdin=nothing) == PROMPT
+    r, w = os.pipe()  # a pipe that stays open and silent: not waited on for long
+    with os.fdopen(r) as silent:
+        assert read_prompt(None, stdin=silent, wait_s=0.01) == PROMPT
+    os.close(w)
+
+
+def test_generate_says_a_long_prompt_is_cut_to_the_context(folder, monkeypatch, capsys):
+    from tiny_llm import generate
+
+    monkeypatch.setattr(sys, "argv", ["generate", "--data-dir", str(folder), "--max-new-tokens",
+                                      "1", "--prompt", "the cat sat on the mat. " * 40])
+    generate.main()  # an untrained tiny GPT: a 64-token context
+    err = capsys.readouterr().err
+    assert "note: the prompt is" in err
+    assert "the model reads at most 64: it writes from the prompt's last 64 tokens" in err
+
+
+def test_a_bad_omp_num_threads_is_said_to_be_ignored(monkeypatch):
+    from tiny_llm import device
+
+    monkeypatch.setattr(device.torch, "set_num_threads", lambda n: None)
+    for value in ("0", "abc", "-1"):
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        threads, why = device.pick_threads()
+        assert threads == device.usable_cores()
+        assert f"OMP_NUM_THREADS='{value}' was ignored: it must be a whole number >= 1" in why
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert device.pick_threads()[1] == "OMP_NUM_THREADS"

@@ -357,3 +357,169 @@ def test_the_scale_command_prints_a_ranks_error_as_one_line(monkeypatch, capsys)
     err = capsys.readouterr().err
     assert err.startswith("rank 1: error: no checkpoint at /no/such/run/ckpt.pt")
     assert err.count("\n") == 1
+
+
+# --- the second probe (issue 26) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_finish_the_step_save_and_say_so(sample_data_dir, tmp_path,
+                                                            monkeypatch, signum):
+    real_update = train_module.update_weights
+
+    def not_handled(*args):  # what the signal would do unhandled: end the program, unsaved
+        raise AssertionError(f"{signal.Signals(signum).name} was not handled")
+
+    def update_then_signal(*args, **kwargs):
+        signal.raise_signal(signum)  # a scheduler's kill, a closed terminal
+        return real_update(*args, **kwargs)
+
+    previous = signal.signal(signum, not_handled)
+    try:
+        monkeypatch.setattr(train_module, "update_weights", update_then_signal)
+        monkeypatch.setattr(sys, "argv", ["train", "--preset", "tiny", "--max-steps", "3",
+                                          "--batch-size", "2", "--eval-iters", "1", "--device",
+                                          "cpu", "--data-dir", str(sample_data_dir), "--out",
+                                          str(tmp_path / "run"), "--sample-tokens", "0"])
+        name = signal.Signals(signum).name
+        with pytest.raises(SystemExit, match=rf"stopped by {name} at step 1, saved .*ckpt.pt; "
+                                             r"continue with:\n  uv run python -m tiny_llm"):
+            train_module.main()
+        assert signal.getsignal(signum) is not_handled  # put back after the loop
+    finally:
+        signal.signal(signum, previous)
+    assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["step"] == 1
+
+
+def test_a_batch_too_large_for_memory_is_refused_before_the_first_step(sample_data_dir, tmp_path,
+                                                                        monkeypatch):
+    import tiny_llm.device as device_module
+
+    monkeypatch.setattr(device_module, "memory_bytes", lambda device: 1_000_000)  # a 1 MB machine
+    monkeypatch.setattr(train_module, "update_weights", lambda *a, **k: pytest.fail("a step ran"))
+    with pytest.raises(ValueError, match=r"--batch-size 2 needs about .* GB for one micro-batch "
+                                         r"of 2 x 64 tokens.*lower --batch-size .* and raise "
+                                         r"--grad-accum \(now 1\)"):
+        train(config(sample_data_dir, tmp_path / "run"))
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_the_memory_estimate_lets_the_course_runs_through():
+    import tiny_llm.device as device_module
+    from tiny_llm.modern import PRESETS as MODERN
+
+    for preset in (PRESETS["cpu"], MODERN["cpu"]):  # the CPU's main job: well under 1 GB
+        assert device_module.activation_bytes(preset, 16) < 1e9
+    assert device_module.activation_bytes(PRESETS["gpu"], 16) < 8e9  # the smallest GPUs' memory
+
+
+def test_a_full_disk_at_the_first_save_does_not_offer_a_resume(sample_data_dir, tmp_path,
+                                                               monkeypatch):
+    def full(state, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", full)
+    with pytest.raises(OSError) as failed:
+        train(config(sample_data_dir, tmp_path / "run"))
+    message = str(failed.value)
+    assert "Nothing was saved before, so there is nothing to resume" in message
+    assert "--resume" not in message
+
+
+def saved_with(saved_run, tmp_path, edit):
+    """A copy of the saved run whose checkpoint `edit(state)` changed."""
+    out = copy_run(saved_run, tmp_path)
+    state = torch.load(out / "ckpt.pt", weights_only=True)
+    edit(state)
+    torch.save(state, out / "ckpt.pt")
+    return out
+
+
+def resume_main(out, monkeypatch, *flags):
+    monkeypatch.setattr(sys, "argv", ["train", "--resume", "--out", str(out), "--max-steps", "3",
+                                      "--sample-tokens", "0", *flags])
+    train_module.main()
+
+
+@pytest.mark.parametrize("key", ["optimizer", "rng", "train_config"])
+def test_resume_of_a_checkpoint_without_training_state_says_so(saved_run, sample_data_dir,
+                                                              tmp_path, monkeypatch, key):
+    out = saved_with(saved_run, tmp_path, lambda s: s.pop(key))
+    with pytest.raises(SystemExit, match=rf"ckpt.pt has no training state to resume \({key} "
+                                         r"missing\): it holds a model without a run"):
+        resume_main(out, monkeypatch)
+    with pytest.raises(ValueError, match="no training state to resume"):  # the library too
+        train(config(sample_data_dir, out, resume=True, max_steps=3))
+
+
+def test_resume_of_an_imported_checkpoint_says_it_holds_weights_only(saved_run, tmp_path,
+                                                                    monkeypatch):
+    def as_an_import_writes(state):
+        for key in ("optimizer", "rng", "train_config", "data_position", "last_record"):
+            state.pop(key)
+        state["data_source"] = "imported from gpt2"
+
+    out = saved_with(saved_run, tmp_path, as_an_import_writes)
+    with pytest.raises(SystemExit, match=r"no training state to resume \(optimizer, rng, "
+                                         r"train_config missing\): it was imported from gpt2 "
+                                         r"\(tiny_llm.export --import\), which writes weights"):
+        resume_main(out, monkeypatch)
+
+
+def test_resume_refuses_a_training_setting_it_does_not_know_and_fills_a_new_one(
+        saved_run, tmp_path, monkeypatch):
+    out = saved_with(saved_run, tmp_path, lambda s: s["train_config"].update(lora_rank=8))
+    with pytest.raises(SystemExit, match=r"has the training settings lora_rank, which this "
+                                         r"tiny-llm does not know"):
+        resume_main(out, monkeypatch)
+    # a setting added to TrainConfig after the run was saved takes its default
+    out = saved_with(saved_run, tmp_path / "b", lambda s: s["train_config"].pop("cooldown"))
+    resume_main(out, monkeypatch)
+    assert load_checkpoint(out / "ckpt.pt")["step"] == 3
+
+
+def test_resume_after_the_data_folder_moved_names_it_and_never_prepares(
+        saved_run, sample_data_dir, tmp_path, monkeypatch, capsys):
+    import tiny_llm.data as data_module
+
+    gone = str(tmp_path / "moved-away")
+    out = saved_with(saved_run, tmp_path, lambda s: s["train_config"].update(data_dir=gone))
+    monkeypatch.setattr(data_module, "prepare_data", lambda *a, **k: pytest.fail("prepared"))
+    monkeypatch.delenv("TINY_LLM_DATA_DIR", raising=False)
+    with pytest.raises(SystemExit, match=r"the run's data folder .*moved-away holds no prepared "
+                                         r"data any more .*--data-dir NEW \(or the environment "
+                                         r"variable TINY_LLM_DATA_DIR=NEW\)"):
+        resume_main(out, monkeypatch)
+    assert not (tmp_path / "moved-away").exists()
+    monkeypatch.setenv("TINY_LLM_DATA_DIR", str(sample_data_dir))  # where it is now
+    resume_main(out, monkeypatch)
+    assert "moved-away is gone: using TINY_LLM_DATA_DIR" in capsys.readouterr().err
+    assert load_checkpoint(out / "ckpt.pt")["step"] == 3
+
+
+def test_a_token_file_with_ids_beyond_the_vocabulary_is_named_corrupt(sample_data_dir, tmp_path):
+    data = shutil.copytree(sample_data_dir, tmp_path / "data")
+    ids = torch.from_numpy(load_token_array_copy(data / "train.bin"))
+    ids[100] = 60000
+    (data / "train.bin").write_bytes(ids.numpy().astype("uint16").tobytes())
+    with pytest.raises(ValueError, match=r"train.bin holds token id 60,000, beyond the [\d,]+ "
+                                         r"ids of its tokenizer: the file is corrupt"):
+        train(config(data, tmp_path / "run"))
+
+
+def load_token_array_copy(path):
+    import numpy as np
+
+    return np.fromfile(path, dtype=np.uint16).astype("int32")
+
+
+def test_a_corpus_shorter_than_the_context_is_refused_naming_a_real_flag(tmp_path, monkeypatch):
+    from tiny_llm.data import prepare_data
+    from tiny_llm.tokenize import EOT
+
+    (tmp_path / "two.txt").write_text(f"Tom ran home.\n{EOT}\nAnn sat down and smiled.\n")
+    prepare_data(tmp_path / "two.txt", data_dir=tmp_path / "d", vocab_size=300, progress=False)
+    with pytest.raises(ValueError, match=r"seq_len=64 needs at least 65 tokens, the data has "
+                                         r"\d+: prepare more stories .*--valid-stories.*--preset "
+                                         r"tiny"):
+        train(config(tmp_path / "d", tmp_path / "run"))

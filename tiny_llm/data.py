@@ -14,14 +14,14 @@ import json
 import os
 import socket
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from tiny_llm.files import atomic_path, check_writable, explain_full_disk
+from tiny_llm.files import atomic_path, check_writable, explain_full_disk, process_alive
 from tiny_llm.paths import DATA_DIR, check_data_dir
 from tiny_llm.prepared import (  # noqa: F401 (FILES and load_meta: for the later steps' imports)
     FILES,
@@ -42,6 +42,7 @@ READERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parqu
 ALTERNATIVES = ("use `--source sample` (the offline corpus) or `--source PATH` (a .txt file with "
                 f"stories separated by {EOT} lines, or .jsonl/.json/.parquet with a 'text' field)")
 TEXT_BYTES = {"sample": 3_300_000, "tinystories": 1_920_000_000}  # to tell a full disk's need
+CONTEXTS = {"cpu": 128, "tiny": 64}  # step 08's contexts: the default preset's, the shortest
 
 
 def hub_reachable(timeout=3.0):
@@ -176,6 +177,14 @@ def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SI
     meta.json is the one file trusted: the old one goes first, the new one comes last."""
     check_first(first)
     check_writable(check_data_dir(data_dir), "the data folder")  # before minutes of work
+    with hold_data_folder(data_dir):  # two preparations at once would mix their files
+        meta = prepare_in_folder(source, valid, data_dir, vocab_size, progress, first)
+    warn_if_small(meta, data_dir)
+    return meta
+
+
+def prepare_in_folder(source, valid, data_dir, vocab_size, progress, first):
+    """prepare_data(), once the data folder is ours."""
     if source is None:
         source = "tinystories" if hub_reachable() else "sample"
         if source == "sample":
@@ -204,6 +213,48 @@ def prepare_data(source=None, valid=None, data_dir=DATA_DIR, vocab_size=VOCAB_SI
         # a reader finds no meta.json and refuses the folder instead of mixing two sets.
         Path(data_dir, "meta.json").unlink(missing_ok=True)
     return meta
+
+
+@contextmanager
+def hold_data_folder(data_dir):
+    """Hold data_dir/.prepare.lock (holding this PID) while preparing: a second preparation of
+    the same folder at once is refused, instead of both renaming their files over each other's
+    and reporting success. O_EXCL makes the creation atomic; a dead process's lock is taken."""
+    lock = Path(data_dir) / ".prepare.lock"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            text = lock.read_text().strip() if lock.exists() else ""
+            if text.isdigit() and not process_alive(int(text)):
+                lock.unlink(missing_ok=True)  # left by a killed preparation
+                continue
+            who = f"process {text}" if text else "a process that is starting"
+            raise FileExistsError(
+                f"{data_dir} is being prepared by {who} already: wait for it to end, or pass "
+                f"another --data-dir. If no such process runs, delete {lock}") from None
+    else:
+        raise FileExistsError(f"could not take {lock}: other preparations keep taking it")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def warn_if_small(meta, data_dir):
+    """Warn when a split holds too few tokens for a training window, naming what to change."""
+    fewest = min(("train", "valid"), key=lambda split: meta[split]["tokens"])
+    tokens = meta[fewest]["tokens"]
+    if tokens <= CONTEXTS["cpu"]:
+        fix = (f"--preset tiny (a {CONTEXTS['tiny']}-token context) fits it" if tokens >
+               CONTEXTS["tiny"] else "no preset fits it")
+        print(f"warning: {Path(data_dir, fewest + '.bin')} holds only {tokens:,} tokens, and "
+              f"training reads windows of context + 1 tokens ({CONTEXTS['cpu'] + 1} for the "
+              f"default preset): {fix}; give it more stories (a larger corpus, --valid PATH, or "
+              f"a larger --{fewest}-stories)", file=sys.stderr)
 
 
 def check_first(first):
@@ -241,12 +292,17 @@ def load_token_array(path):
     if (n_bytes := path.stat().st_size) % 2 or n_bytes == 0:
         raise ValueError(f"{path} has {n_bytes:,} bytes, not a whole number of uint16 tokens: it "
                          f"is truncated or empty; {MAKE_IT}")
+    data = np.memmap(path, dtype=np.uint16, mode="r")
     if path.stem in ("train", "valid") and (path.parent / "meta.json").is_file():
-        expected = read_meta(path.parent)[path.stem]["tokens"]
-        if n_bytes // 2 != expected:
+        meta = read_meta(path.parent)
+        if n_bytes // 2 != (expected := meta[path.stem]["tokens"]):
             raise ValueError(f"{path} holds {n_bytes // 2:,} tokens, meta.json says {expected:,}: "
                              f"the file is truncated or stale; {MAKE_IT}")
-    return np.memmap(path, dtype=np.uint16, mode="r")
+        if (top := int(data.max())) >= meta["vocab_size"]:  # one pass over the file
+            raise ValueError(f"{path} holds token id {top:,}, beyond the "
+                             f"{meta['vocab_size']:,} ids of its tokenizer: the file is corrupt; "
+                             f"{MAKE_IT}")
+    return data
 
 
 def check_sizes(data, seq_len, batch_size=1):
@@ -258,7 +314,8 @@ def check_sizes(data, seq_len, batch_size=1):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if seq_len >= len(data):
         raise ValueError(f"seq_len={seq_len} needs at least {seq_len + 1} tokens, the data has "
-                         f"{len(data):,}: use a shorter seq_len or more data")
+                         f"{len(data):,}: prepare more stories (tiny_llm.data: a larger corpus, or "
+                         f"a larger --valid-stories), or train a shorter context (--preset tiny)")
 
 
 def get_batch(data, batch_size, seq_len, device=None, generator=None, part=slice(None)):

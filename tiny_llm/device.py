@@ -242,12 +242,48 @@ def usable_cores():
 
 def pick_threads():
     """Give PyTorch one thread per usable core, unless OMP_NUM_THREADS already chose a number.
-    Returns (threads, why) for the run to print."""
-    if os.environ.get("OMP_NUM_THREADS"):
+    Returns (threads, why) for the run to print. A value that is not a whole number >= 1
+    (0, -1, abc) is ignored, and `why` says so: libgomp only complains, in its own words."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
         return torch.get_num_threads(), "OMP_NUM_THREADS"
     cores = usable_cores()
     torch.set_num_threads(cores)
+    if value:
+        return cores, (f"{cores} usable cores; OMP_NUM_THREADS={value!r} was ignored: it must be "
+                       "a whole number >= 1")
     return cores, f"{cores} usable cores"
+
+
+def activation_bytes(config, batch_size):
+    """About the memory one micro-batch's forward and backward keep, in bytes (float32): per
+    token, some 20 numbers of width d_model per layer, and 3 of width vocab_size for the logits.
+    A rough guide (within 2x), meant to catch a batch that cannot fit at all."""
+    per_token = 20 * config.d_model * config.n_layers + 3 * config.vocab_size
+    return 4 * per_token * batch_size * config.max_seq_len
+
+
+def memory_bytes(device):
+    """The device's memory in bytes: a GPU's own, else the machine's RAM; None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return None
+
+
+def check_batch_fits(config, batch_size, grad_accum, device):
+    """Raise before a run's first step if one micro-batch of a model of `config` needs more
+    memory than the device has, naming the two flags that trade memory for steps."""
+    need, have = activation_bytes(config, batch_size), memory_bytes(device)
+    if have is not None and need > have:
+        fits = max(1, batch_size * have // (2 * need))
+        raise ValueError(
+            f"--batch-size {batch_size} needs about {need / 1e9:,.0f} GB for one micro-batch "
+            f"of {batch_size} x {config.max_seq_len} tokens, and the {device.type} has "
+            f"{have / 1e9:,.0f} GB: lower --batch-size (about {fits} fits) and raise --grad-accum "
+            f"(now {grad_accum}) to keep the tokens per step")
 
 
 BUSY_ADVICE = ("Try OMP_NUM_THREADS=1 (or the number of cores that are really free), or train "

@@ -12,14 +12,16 @@ Run the check:  uv run python -m tiny_llm.evaluate --checkpoint runs/tiny/ckpt.p
 
 import argparse
 import math
+import threading
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from tiny_llm.checkpoint import model_from_checkpoint, read_log  # read_log: log.jsonl's records
 from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import pick_device
-from tiny_llm.files import save_figure
+from tiny_llm.files import check_writable, save_figure
 from tiny_llm.generate import DEFAULTS, generate
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.paths import DATA_DIR
@@ -91,8 +93,23 @@ def parse_args():
     return args
 
 
+def check_picture_folders(args):
+    """Raise, naming the flag, if a picture asked for (or the loss curve, which goes beside the
+    checkpoint by default) would land in a folder that cannot be written."""
+    beside = args.checkpoint.parent
+    loss_curve = args.plot or (beside / "loss.png" if (beside / "log.jsonl").is_file() else None)
+    wanted = [("--plot", loss_curve),
+              ("--gap-plot", args.gap_plot), ("--attention-plot", args.attention_plot),
+              ("--positions-plot", args.positions_plot)]
+    for flag, path in wanted:
+        if path is not None:
+            check_writable(Path(path).parent, f"the folder of the {flag} picture (pass "
+                           f"{flag} PATH to save it elsewhere)")
+
+
 def report(args):
     """Evaluate, plot and sample as the command line asks; print the aligned table."""
+    check_picture_folders(args)  # before the scoring: a picture that cannot be saved fails now
     device = pick_device(args.device)
     model, ckpt = model_from_checkpoint(args.checkpoint, device, data_dir=args.data_dir)
     meta, c = load_meta(args.data_dir), model.config
@@ -149,30 +166,48 @@ def loss_gap(records):
 def attention_maps(model, idx):
     """Every head's attention weights on one (1, T) sequence: (n_layers, n_heads, T, T).
 
-    A hook on each block's attention recomputes softmax(q kᵀ / √head_size) from the input the
-    layer received, as step 06's explicit path does (the fast path never stores the weights).
+    Every model of the course (step 08's GPT, step 14's lab models, step 15's ModernGPT) attends
+    through F.scaled_dot_product_attention, which never stores the weights. For one forward it
+    is wrapped: each call also computes softmax(q kᵀ · scale + mask) from the q and k the layer
+    passed (after its RoPE, QK-norm or ALiBi), in layer order, as step 06's explicit path does.
     """
     maps = []
+    real = F.scaled_dot_product_attention
 
-    def keep(attn, inputs, _out):
-        x = inputs[0]
-        B, T, C = x.shape
-        q, k, _ = attn.qkv(x).split(C, dim=2)
-        q, k = (t.view(B, T, attn.n_heads, attn.head_size).transpose(1, 2) for t in (q, k))
-        q, k = attn.position(q, k, 0)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_size)  # (B, H, T, T)
-        bias = attn.bias(T, T)
-        scores = scores + bias if bias is not None else scores.masked_fill(
-            ~attn.mask[:T, :T], float("-inf"))
-        maps.append(torch.softmax(scores, dim=-1)[0])
+    def keeping(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+        maps.append(attention_weights(q, k, attn_mask, is_causal, scale)[0])
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                    scale=scale, **kw)
 
-    hooks = [block.attn.register_forward_hook(keep) for block in model.blocks]
-    try:
-        model.eval()(idx)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with _ATTENTION_HOOK:  # one wrapped forward at a time: the wrapper is global to the process
+        F.scaled_dot_product_attention = keeping
+        try:
+            model.eval()(idx)
+        finally:
+            F.scaled_dot_product_attention = real
+    if len(maps) != len(model.blocks):
+        raise ValueError(f"{type(model).__name__} attended {len(maps)} times for its "
+                         f"{len(model.blocks)} layers: its attention does not go through "
+                         "F.scaled_dot_product_attention, so its weights cannot be read here")
     return torch.stack(maps).cpu()
+
+
+_ATTENTION_HOOK = threading.Lock()
+
+
+def attention_weights(q, k, attn_mask=None, is_causal=False, scale=None):
+    """What scaled_dot_product_attention weighs v by: q (B, H, Tq, hs), k (B, Hkv, Tk, hs) ->
+    (B, H, Tq, Tk), each row summing to 1. Hkv < H: each k head serves H // Hkv query heads."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = (q @ k.transpose(-2, -1)).float() * (scale or 1 / math.sqrt(q.shape[-1]))
+    if attn_mask is not None:  # a bool mask (True: may look) or an additive one (ALiBi)
+        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask)
+    if is_causal:  # query i sees keys 0..i
+        Tq, Tk = scores.shape[-2:]
+        causal = torch.ones(Tq, Tk, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    return torch.softmax(scores, dim=-1)
 
 
 def draw_pictures(args, model, tokenizer, log):
@@ -192,6 +227,10 @@ def draw_pictures(args, model, tokenizer, log):
         plot_attention_maps(maps, tokens, args.attention_plot, f"{name}: attention of every head")
         print(f"{'attention plot':<16} {args.attention_plot} ({len(ids)} tokens)")
     if args.positions_plot:
+        if getattr(model.embed, "pos_emb", None) is None:  # RoPE or ALiBi: no table to draw
+            print(f"{'positions plot':<16} none: this {type(model).__name__} has no learned "
+                  "position table (its positions are in the attention, RoPE or ALiBi)")
+            return
         table = model.embed.pos_emb.weight.detach().cpu()
         plot_positions(table, args.positions_plot, f"{name}: learned positions after training")
         print(f"{'positions plot':<16} {args.positions_plot} {tuple(table.shape)}")
@@ -201,7 +240,7 @@ def main():
     args = parse_args()
     try:
         report(args)
-    except (FileNotFoundError, ValueError) as err:
+    except (OSError, ValueError) as err:  # OSError: a missing file, a folder not writable
         raise SystemExit(f"error: {err}") from None
 
 

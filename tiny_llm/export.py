@@ -174,6 +174,9 @@ def check_replaceable(out):
     (its MARKER lists the names): a typo in --out deletes no one's files, not even beside a
     config.json."""
     out = Path(out)
+    if out.is_symlink():  # replacing it would swap the link for a folder, after the work
+        raise FileExistsError(f"{out} is a symbolic link (to {os.readlink(out)}): export writes "
+                              "a real folder and replaces only one it wrote; pick a new --out")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if not (out.is_dir() and (out / MARKER).is_file()):
@@ -255,6 +258,7 @@ def export(checkpoint, out, data_dir=DATA_DIR):
 def import_gpt2(source, out):
     """Save a GPT-2 as our checkpoint `out`, its tokenizer.json (if any) beside it.
     Returns (our GPT, the transformers model, the tokenizer file or None)."""
+    check_import_target(out)  # before any work
     model, hf = from_gpt2(source)
     try:  # the original file: the one in the folder, or the Hub's (downloaded once, cached)
         found = transformers().utils.cached_file(source, "tokenizer.json")
@@ -269,6 +273,22 @@ def import_gpt2(source, out):
         "tokenizer_sha256": tokenizer_sha256(tokenizer_file) if found else "none",
         "data_source": f"imported from {source}", "model_class": class_path(model)})
     return model, hf, tokenizer_file
+
+
+def check_import_target(out):
+    """Raise unless the import's ckpt.pt and the tokenizer.json beside it are both new files:
+    an import never replaces a file, least of all a trained run's checkpoint or the tokenizer
+    of a prepared data folder."""
+    out = Path(out)
+    for path, what in ((out, "--out"), (out.with_name("tokenizer.json"),
+                                        "the tokenizer.json an import writes beside --out")):
+        if path.exists() or path.is_symlink():
+            raise FileExistsError(f"{path} exists ({what}): an import writes only new files, so "
+                                  "it replaces no run's checkpoint and no data folder's "
+                                  "tokenizer. Pass an --out in a new folder, such as "
+                                  "runs/gpt2/ckpt.pt")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise FileExistsError(f"{out.parent} is a file, not a folder: pass another --out")
 
 
 def max_logit_difference(model, hf, seq_len=64, seed=0):

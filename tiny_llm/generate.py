@@ -12,6 +12,7 @@ With a trained model:  uv run python -m tiny_llm.generate --checkpoint runs/smal
 
 import argparse
 import math
+import os
 import sys
 import unicodedata
 from dataclasses import replace
@@ -30,6 +31,7 @@ from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_path
 
 DEFAULTS = {"temperature": 0.8, "top_k": 50, "top_p": None}  # the command line's sampling
+PROMPT = "Once upon a time"  # the command line's prompt when none is given or piped in
 
 
 def check_sampling(temperature, top_k, top_p):
@@ -228,7 +230,8 @@ def parse_args():
     parser = argparse.ArgumentParser(description="Step 09: sample text from a GPT.")
     parser.add_argument("--checkpoint", default=None, help="a ckpt.pt from tiny_llm.train "
                         "(default: an untrained tiny model, to see what training has to fix)")
-    parser.add_argument("--prompt", default="Once upon a time", help="'' starts a new story")
+    parser.add_argument("--prompt", default=None, help="'' starts a new story, - reads it from "
+                        f"standard input, as does piping text in (default: {PROMPT!r})")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=DEFAULTS["temperature"],
                         help="0: greedy")
@@ -245,9 +248,41 @@ def parse_args():
         if args.max_new_tokens < 0 or args.num_samples < 1 or args.seed < 0:
             raise ValueError("--max-new-tokens and --seed must be >= 0 and --num-samples >= 1, "
                              f"got {args.max_new_tokens}, {args.seed} and {args.num_samples}")
+        if args.seed >= 2**64:  # what a torch.Generator can hold
+            raise ValueError(f"--seed must be below 2**64 = {2**64:,}, got {args.seed}")
+        args.prompt = read_prompt(args.prompt)
     except ValueError as err:
         parser.error(str(err))
     return args
+
+
+def read_prompt(prompt, stdin=None, wait_s=0.2):
+    """The prompt to write from: --prompt's text; with `--prompt -`, or none given while text is
+    piped in (`echo Zebra | ...`), standard input without its last newline; else PROMPT.
+    A terminal, /dev/null or a pipe that stays silent for wait_s seconds counts as no input."""
+    stdin = sys.stdin if stdin is None else stdin
+    if prompt == "-":
+        return stdin.read().removesuffix("\n")
+    if prompt is not None:
+        return prompt
+    text = stdin.read().removesuffix("\n") if piped_in(stdin, wait_s) else ""
+    return text or PROMPT
+
+
+def piped_in(stdin, wait_s):
+    """True if `stdin` is a pipe or a file with something to read within wait_s seconds."""
+    import select
+    import stat
+
+    try:
+        mode = os.fstat(stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # none, or no file behind it (pytest's)
+        return False
+    if stat.S_ISREG(mode):  # `generate < prompt.txt`
+        return True
+    if not stat.S_ISFIFO(mode) or os.name == "nt":  # select works on pipes only off Windows
+        return False
+    return bool(select.select([stdin], [], [], wait_s)[0])
 
 
 def load_model(args, device, vocab_size):
@@ -275,6 +310,9 @@ def main():
         raise SystemExit(f"error: {err}") from None
     ids = (tokenizer.encode(args.prompt).ids or [tokenizer.token_to_id(EOT)])
     ids = ids[-model.config.max_seq_len:]
+    if (n := len(tokenizer.encode(args.prompt).ids)) > len(ids):  # no position beyond the context
+        print(f"note: the prompt is {n:,} tokens and the model reads at most {len(ids)}: it "
+              f"writes from the prompt's last {len(ids)} tokens", file=sys.stderr)
     with torch.no_grad():  # the distribution of the first new token, to see what sampling sees
         logits = model(torch.tensor([ids], device=device))[0][:, -1, :]
     probs, vocab_size = next_token_probs(logits), logits.shape[-1]

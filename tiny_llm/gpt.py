@@ -112,6 +112,7 @@ class GPT(nn.Module):
             cache.length += idx.shape[1]  # every layer has stored the new keys and values
         if targets is None:
             return logits, None
+        check_targets(idx, targets, self.config.vocab_size, values=targets.device.type == "cpu")
         # cross_entropy wants (N, V) scores and (N,) targets: flatten batch and time together
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
@@ -152,19 +153,30 @@ class GPT(nn.Module):
         return start
 
 
-def check_targets(idx, targets, vocab_size):
-    """Raise a clear error unless `targets` are next-token ids for `idx`: same shape, integers
-    in [0, vocab_size) or -1 (left out of the loss). For data from outside, not every step."""
-    if not torch.is_tensor(targets) or targets.is_floating_point():
+def check_targets(idx, targets, vocab_size, values=True):
+    """Raise a clear error unless `targets` are next-token ids for `idx`: int64, same shape, at
+    least one of them, each in [0, vocab_size) or -1 (left out of the loss), not all -1.
+    values=False skips the checks that read the ids (min, max), which make a GPU stop and wait
+    (and break a compiled graph, step 13: they are skipped there too)."""
+    if not torch.is_tensor(targets) or targets.dtype != torch.long:
         kind = targets.dtype if torch.is_tensor(targets) else type(targets).__name__
-        raise TypeError(f"targets must be integer token ids, got {kind}: use y from get_batch")
+        raise TypeError(f"targets must be integer token ids, got {kind}: cross_entropy takes "
+                        "int64 (torch.long); use y from get_batch, or targets.long()")
     if targets.shape != idx.shape:
         raise ValueError(f"targets shape {tuple(targets.shape)} does not match idx shape "
                          f"{tuple(idx.shape)}: targets[b, t] is the token that follows idx[b, t]")
-    low, high = (targets.min().item(), targets.max().item()) if targets.numel() else (0, 0)
+    if targets.numel() == 0:
+        raise ValueError(f"the batch is empty (targets of shape {tuple(targets.shape)}): the mean "
+                         "loss over no token is nan; pass at least one window")
+    if not values or torch.compiler.is_compiling():  # a compiled graph reads no values either
+        return
+    low, high = (int(v) for v in torch.aminmax(targets))  # on a CPU: no device to wait for
     if low < -1 or high >= vocab_size:
         raise ValueError(f"targets must be token ids in [0, {vocab_size}) or -1 (ignored), "
                          f"got values from {low} to {high}")
+    if high == -1:
+        raise ValueError("every target is -1 (ignored): the mean loss over no token is nan; "
+                         "leave at least one target unmasked")
 
 
 def draw_model(path, preset="cpu", batch_size=16):

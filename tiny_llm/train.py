@@ -14,7 +14,7 @@ import math
 import shlex
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -23,17 +23,20 @@ from tqdm import tqdm
 
 from tiny_llm.budget import fit_budget, pace_steps, parse_duration
 from tiny_llm.checkpoint import (
+    explain_failed_save,
     load_checkpoint,
     model_class,
     model_from_state,
     resume_run,
+    resumed_config,
     save_run,
     stop_on_ctrl_c,
 )
-from tiny_llm.data import ensure_data, get_batch, load_token_array
+from tiny_llm.data import ensure_data, get_batch, load_meta, load_token_array
 from tiny_llm.device import (
     BusyWatch,
     autocast,
+    check_batch_fits,
     fast_float32_matmuls,
     grad_scaler,
     kept_memory,
@@ -42,7 +45,6 @@ from tiny_llm.device import (
     resolve_dtype,
     seed_everything,
 )
-from tiny_llm.files import is_disk_full
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.loss import mean_loss
 from tiny_llm.muon import muon_adamw, muon_momentum
@@ -186,7 +188,7 @@ def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCE
 def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     """The model, optimizer, gradient scaler, data generator, step, log records and cfg (with
     the step count a budget fixed): fresh, or from ckpt_path, read once."""
-    ckpt = load_checkpoint(ckpt_path, data_dir=cfg.data_dir) if cfg.resume else None  # + tokenizer
+    ckpt = load_checkpoint(ckpt_path, data_dir=cfg.data_dir, run=True) if cfg.resume else None
     if ckpt is None and ckpt_path.exists():
         raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
                               "or pass another --out (or delete the folder) to start afresh")
@@ -279,7 +281,7 @@ def train(cfg, parallel=ONE_PROCESS):
 def train_in_folder(cfg, parallel):
     """train(), once the run folder is ours."""
     data_dir = Path(cfg.data_dir)
-    meta = ensure_data(data_dir)
+    meta = load_meta(data_dir) if cfg.resume else ensure_data(data_dir)  # resume: never prepare
     device = pick_device(cfg.device)
     threads, why = pick_threads()
     fast_float32_matmuls(device)  # CUDA: TF32 tensor cores for float32 matmuls
@@ -294,6 +296,7 @@ def train_in_folder(cfg, parallel):
         print(f"{'threads':<12} {threads} ({why}), dtype {resolve_dtype(device, cfg.dtype)}",
               file=sys.stderr)
     watch = BusyWatch(threads, device.type == "cpu")
+    check_batch_fits(gpt.config, cfg.batch_size, cfg.grad_accum, device)  # before any step
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     pacing = cfg.time_budget > 0 and step < pace_steps(cfg) < (cfg.max_steps or math.inf)  # open
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
@@ -326,31 +329,13 @@ def train_in_folder(cfg, parallel):
                 records[-1]["val_loss"] = estimate_loss(gpt, valid_data, cfg, device)
                 tqdm.write(eval_line(records[-1]), file=sys.stdout)
             if evaluate or stop.is_set():
-                with explain_failed_save(ckpt_path, step, cfg):
+                with explain_failed_save(ckpt_path, step, resume_command(cfg)):
                     save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
                              parallel, scaler)
             if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
                 break
     bar.close()
-    return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.is_set()}
-
-
-@contextmanager
-def explain_failed_save(ckpt_path, step, cfg):
-    """Turn a save that fails (a full disk, a folder gone) into one clear error. Every file is
-    written to a temporary name and renamed when whole, so the last good save is still there."""
-    try:
-        yield
-    except (OSError, RuntimeError) as err:
-        full = is_disk_full(err)  # torch.save says a short write in a RuntimeError
-        if isinstance(err, RuntimeError) and not full:
-            raise
-        why = "the disk is full" if full else (getattr(err, "strerror", None) or str(err))
-        kept = (f"{ckpt_path} still holds the previous save, whole" if ckpt_path.exists()
-                else "nothing was saved before")
-        fix = "Free some space" if full else "Fix that"
-        raise OSError(f"could not save step {step} in {ckpt_path.parent}: {why}. {kept}. {fix}, "
-                      f"then continue with: {resume_command(cfg)}") from None
+    return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.reason}
 
 
 def resume_command(cfg):
@@ -377,8 +362,7 @@ def parse_args():
              if getattr(args, f.name) is not None}
     cfg = replace(TrainConfig(), **{**RECIPES.get(given.get("preset"), {}), **given})
     if cfg.resume:
-        saved = load_checkpoint(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt")
-        cfg = replace(TrainConfig(**saved["train_config"]), **given)
+        cfg = resumed_config(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt", TrainConfig, given)
     return cfg, args.sample_tokens
 
 
@@ -387,7 +371,7 @@ def main():
         cfg, sample_tokens = parse_args()
         result = train(cfg)
         if result["interrupted"]:
-            raise SystemExit(f"stopped by Ctrl-C at step {result['step']}, saved "
+            raise SystemExit(f"stopped by {result['interrupted']} at step {result['step']}, saved "
                              f"{result['checkpoint']}; continue with:\n  {resume_command(cfg)}")
         print(f"{'saved':<12} {result['checkpoint']} (step {result['step']})")
         print(f"{'time':<12} {result['time_s']:.1f} s, "
