@@ -226,3 +226,86 @@ def test_a_failing_raises_test_shows_the_message_it_expected(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FAIL  test_bad_sizes_are_refused" in out
     assert "the test expects an error matching \"max_seq_len must be a positive int" in out
+
+
+CHAPTER = '''## The code
+
+### Your turn: `Embed.forward`
+
+`forward(idx)` takes a `(B, T)` tensor of ids and returns it. Checked by `test_forward`.
+
+<details>
+<summary>The code, once you have tried</summary>
+
+```python
+# tiny_llm/embed.py
+    def forward(self, idx):
+        return idx
+```
+
+</details>
+
+## Two at once
+
+The first helper says hello.
+
+```python
+# tiny_llm/embed.py
+def one():
+    return 1
+
+
+def two():
+    return 2
+```
+
+`two` gives two.
+'''
+SOURCE = '''class Embed:
+    def forward(self, idx):
+        return idx
+
+
+def one():
+    return 1
+
+
+def two():
+    return 2
+'''
+
+
+def test_code_in_details_is_found_and_each_body_quotes_its_own_words(tmp_path, monkeypatch):
+    import chapters
+
+    path = tmp_path / "04-embed.md"
+    path.write_text(CHAPTER)
+    found = chapters.blocks(path)  # the chapter checks read a fence inside <details> too
+    assert [(b.info, b.body.split("\n")[1]) for b in found] == [
+        ("python", "    def forward(self, idx):"), ("python", "def one():")]
+    assert [info for _, info, _ in buildup.fenced_blocks(CHAPTER)] == ["python", "python"]
+    monkeypatch.setattr(workalong, "chapter_of", lambda module: path)
+    shown = workalong.shown_in_chapter("embed", SOURCE)
+    assert shown == {
+        "Embed.forward": ("steps/04-embed.md, section 'The code'", "`forward(idx)` takes a "
+                          "`(B, T)` tensor of ids and returns it. Checked by `test_forward`."),
+        "one": ("steps/04-embed.md, section 'Two at once'", "The first helper says hello."),
+        "two": ("steps/04-embed.md, section 'Two at once'", "`two` gives two.")}
+    node = dict(workalong.bodies(ast.parse(SOURCE)))["Embed.forward"]
+    assert workalong.shown_whole(SOURCE, node, buildup.squash(CHAPTER))
+
+
+def test_stubs_do_not_quote_another_bodys_paragraph():
+    """Embed.__init__ quoted the forward's paragraph, check_length check_ids', and
+    CausalSelfAttention.__init__ the forward's."""
+    pairs = {"embed": [("Embed.__init__", "Embed.forward"), ("check_length", "check_ids")],
+             "attention": [("CausalSelfAttention.__init__", "CausalSelfAttention.forward")]}
+    checked = 0
+    for module, names in pairs.items():
+        shown = workalong.shown_in_chapter(module, buildup.state(STEPS.index(module) + 1)[
+            f"{module}.py"])
+        for mine, other in names:
+            if mine in shown and other in shown:
+                assert not shown[mine][1] or shown[mine][1] != shown[other][1], (mine, other)
+                checked += 1
+    assert checked

@@ -88,7 +88,10 @@ def prose(part):
 
 
 def short(paragraph, limit=400):
-    return paragraph if len(paragraph) <= limit else paragraph[: limit - 3].rsplit(" ", 1)[0] + " ..."
+    """`paragraph`, cut at a space to at most `limit` characters."""
+    if len(paragraph) <= limit:
+        return paragraph
+    return paragraph[: limit - 3].rsplit(" ", 1)[0] + " ..."
 
 
 def contract(text, name):
