@@ -14,6 +14,7 @@ same argv, folder and environment, without paying for torch's import each time.
 
 import ast
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -131,28 +132,40 @@ def test_a_learner_writes_steps_04_to_10_and_runs_their_own_code(tmp_path, monke
                 checks = sum(len(pairs) for pairs in workalong.check_blocks(step))
                 assert out.count("check        as the chapter shows") == checks, out
 
-    # The learner's own code, run from where they are: a line at the top of their gpt.py shows
-    # that their file is the one imported, though the repository's tiny_llm/ is right here.
+    # The learner's own code, run from where they are, with the commands chapters 05 and 10
+    # show: a line at the top of their gpt.py shows that their file is the one imported, though
+    # the repository's tiny_llm/ is right here.
     with open(mine / "gpt.py", "a") as file:
         file.write('\nprint("my own gpt.py")\n')
     files = snapshot(mine)
-    assert workalong.main(["05", "--run", "--", "python", "scripts/smoke_test.py"]) == 0
-    out = capsys.readouterr().out
-    assert "yours        mine/embed.py, mine/attention.py; the course's for the rest" in out
+    out, expected = run_the_chapters_run_command(5, capsys)
+    assert buildup.output_matches(out, expected), "\n".join(out)
+    assert out[0] == "yours        mine/embed.py, mine/attention.py; the course's for the rest " \
+                     "of step 05"
     smoke = [pairs for _, info, body in buildup.fenced_blocks(workalong.chapter_of(
         "attention").read_text()) if info == "console"
         for pairs in [buildup.console_commands(body)] if "smoke_test" in pairs[0][0]]
-    assert buildup.output_matches(out.splitlines()[1:], smoke[0][0][1]), out  # as chapter 05
-    assert "my own gpt.py" not in out  # step 05 has no gpt.py of theirs
+    assert buildup.output_matches(out[1:], smoke[0][0][1]), out  # what the course's code prints
 
-    command = ["python", "-m", "tiny_llm.train", "--preset", "tiny", "--max-steps", "30",
-               "--eval-interval", "30", "--sample-tokens", "8", "--out", "runs/mine"]
-    assert workalong.main(["10", "--run", "--", *command]) == 0
-    out = capsys.readouterr().out
-    assert f"yours        {', '.join(f'mine/{m}.py' for m in STEPS[3:10])};" in out, out
+    out, expected = run_the_chapters_run_command(10, capsys)
+    assert buildup.output_matches(out, expected), "\n".join(out)
+    assert out[0].startswith(f"yours        {', '.join(f'mine/{m}.py' for m in STEPS[3:10])};")
     assert out.count("my own gpt.py") == 1, out
-    losses = [float(v) for v in re.findall(r"^step +\d+ +train ([\d.]+)", out, re.M)]
+    losses = [float(v) for line in out for v in re.findall(r"^step +\d+ +train ([\d.]+)", line)]
     assert len(losses) == 2 and losses[1] < losses[0] - 1, out  # step 0 and step 30: it learns
     assert (tmp_path / "runs" / "mine" / "ckpt.pt").is_file()  # runs/ is where they are
     assert not (mine / ".build" / "runs").exists()
     assert snapshot(mine) == files
+
+
+def run_the_chapters_run_command(step, capsys):
+    """Run the `workalong NN --run -- ...` command chapter `step` shows, as the learner types it:
+    (the lines it printed, the lines the chapter shows)."""
+    text = buildup.chapter_path(step).read_text()
+    start = f"$ uv run python -m tiny_llm.workalong {step:02d} --run -- "
+    shown = [buildup.console_commands(body)[0] for _, _, body in buildup.fenced_blocks(text)
+             if body.startswith(start)]
+    assert len(shown) == 1, f"chapter {step:02d} shows no `workalong {step:02d} --run` command"
+    command, expected = shown[0]
+    assert workalong.main(shlex.split(command)[5:]) == 0
+    return capsys.readouterr().out.splitlines(), expected
