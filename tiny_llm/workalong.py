@@ -397,7 +397,10 @@ def run_python(argv, cwd, env, timeout, capture=True):
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except BaseException:  # the time limit, or Ctrl-C: stop the command and its children too
-        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended in the meantime
+            pass
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
