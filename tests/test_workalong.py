@@ -7,6 +7,7 @@ tests run there in forks of the warm interpreter (tests/chapters.py), as `workal
 
 import ast
 import re
+import subprocess
 
 import pytest
 from chapters import run_python
@@ -59,15 +60,109 @@ def test_everything_mode_leaves_only_main():
     assert {"MLP.forward", "residual_stds", "plot_stds"} <= set(everything) - set(shown)
 
 
-def test_the_learners_file_is_never_overwritten_without_fresh(tmp_path, capsys):
+def test_the_learners_file_is_never_written_not_even_with_fresh(tmp_path, capsys):
     path = learner_file("device", tmp_path)
     assert "NotImplementedError" in path.read_text()
     path.write_text("# my work\n")
     assert learner_file("device", tmp_path).read_text() == "# my work\n"
-    assert "kept; --fresh starts over" in capsys.readouterr().out
-    learner_file("device", tmp_path, fresh=True)
-    assert (tmp_path / "device.py.1.bak").read_text() == "# my work\n"
-    assert "NotImplementedError" in path.read_text()
+    assert "kept; --fresh writes a new skeleton beside it" in capsys.readouterr().out
+    assert workalong.main(["01", "--fresh", "--dir", str(tmp_path)]) == 0
+    assert workalong.main(["01", "--fresh", "--dir", str(tmp_path)]) == 0
+    assert path.read_text() == "# my work\n"
+    for fresh in ("device.fresh.py", "device.fresh-2.py"):
+        assert "NotImplementedError" in (tmp_path / fresh).read_text()
+    out = capsys.readouterr().out
+    assert f"{path} is as it was; to start over with the new one: mv {path} " in out
+
+
+def test_a_second_build_writes_nothing_through_the_links_to_your_files(tmp_path):
+    """The first build links mine/attention.py into mine/.build; the second once wrote the
+    answer key through that link into the learner's file."""
+    mine = tmp_path / "attention.py"
+    mine.write_text("# MY OWN WORK\n")
+    for _ in range(3):
+        where = workalong.build(5, tmp_path)
+        assert mine.read_text() == "# MY OWN WORK\n"
+        assert (where / "tiny_llm" / "attention.py").resolve() == mine.resolve()
+        assert (where / workalong.MARKER).is_file()
+
+
+def test_write_state_replaces_a_link_and_leaves_its_target_alone(tmp_path):
+    target = tmp_path / "mine.py"
+    target.write_text("# mine\n")
+    (tmp_path / "out" / "tiny_llm").mkdir(parents=True)
+    (tmp_path / "out" / "tiny_llm" / "embed.py").symlink_to(target)
+    buildup.write_state(4, tmp_path / "out")
+    assert target.read_text() == "# mine\n"
+    assert (tmp_path / "out" / "tiny_llm" / "embed.py").read_text() == buildup.state(4)["embed.py"]
+
+
+def test_a_build_folder_workalong_did_not_write_is_refused(tmp_path):
+    (tmp_path / ".build").mkdir()
+    (tmp_path / ".build" / "notes.txt").write_text("mine\n")
+    with pytest.raises(SystemExit, match=r"\.build is not empty and workalong did not write it"):
+        workalong.build(5, tmp_path)
+    assert (tmp_path / ".build" / "notes.txt").read_text() == "mine\n"
+
+
+def test_state_out_refuses_a_folder_it_did_not_write_and_rewrites_its_own(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine\n")
+    with pytest.raises(SystemExit, match=rf"{tmp_path} is not empty and workalong did not write "
+                                         r"it .*Pick a new or empty folder for --out"):
+        workalong.main(["--state", "05", "--out", str(tmp_path)])
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    out = tmp_path / "out"
+    assert workalong.main(["--state", "06", "--out", str(out)]) == 0
+    assert workalong.main(["--state", "05", "--out", str(out)]) == 0  # its own: rewritten
+    assert not (out / "tiny_llm" / "multihead.py").exists()
+    (out / "notes.txt").write_text("mine\n")
+    with pytest.raises(SystemExit, match=r"holds what workalong did not write \(notes.txt\)"):
+        workalong.main(["--state", "05", "--out", str(out)])
+    assert (out / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_syntax_error_names_the_file_and_line_before_any_test_runs(tmp_path, capsys):
+    (tmp_path / "embed.py").write_text("import torch\n\ndef oops(:\n    pass\n")
+    assert workalong.main(["05", "--dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"syntax error {tmp_path / 'embed.py'}:3:" in out and "def oops(:" in out
+    assert "tests/test_attention.py" not in out and not (tmp_path / ".build").exists()
+
+
+def test_a_command_that_never_ends_is_stopped_and_said(tmp_path, capsys, monkeypatch):
+    assert workalong.main(["01", "--dir", str(tmp_path), "--run", "--timeout", "0.5", "--",
+                           "python", "-c", "while True: pass"]) == 1
+    out = capsys.readouterr().out
+    assert "stopped      python -c while True: pass after 0.5 s (--timeout)" in out
+
+    def never_ends(argv, cwd, env, timeout, capture=True):
+        raise subprocess.TimeoutExpired(argv, timeout)
+
+    (tmp_path / "device.py").write_text(buildup.state(1)["device.py"])
+    monkeypatch.setattr(workalong, "run_python", never_ends)
+    assert workalong.main(["01", "--dir", str(tmp_path), "--timeout", "7"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  tests/test_device.py\n          stopped after 7.0 s: a loop that never" in out
+    assert "check        stopped after 7.0 s" in out
+
+
+def test_run_refuses_what_is_not_a_python_command_before_building(tmp_path):
+    with pytest.raises(SystemExit, match="--run runs a Python command, got 'ls -l'"):
+        workalong.main(["05", "--dir", str(tmp_path), "--run", "--", "ls", "-l"])
+    assert not (tmp_path / ".build").exists()
+
+
+def test_run_puts_the_build_first_and_stays_where_you_are(tmp_path, capfd, monkeypatch):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "device.py").write_text('print("my device.py")\n')
+    (tmp_path / "tiny_llm").symlink_to(ROOT / "tiny_llm")  # the repository's, as in a clone
+    monkeypatch.chdir(tmp_path)
+    code = "import os, tiny_llm.device as d; print(d.__file__); print(os.getcwd())"
+    assert workalong.main(["02", "--run", "--", "uv", "run", "python", "-c", code]) == 0
+    out = capfd.readouterr().out.splitlines()
+    assert out[0] == "yours        mine/device.py; the course's for the rest of step 02"
+    assert out[1:] == ["my device.py", str(tmp_path / "mine" / ".build" / "tiny_llm" /
+                                           "device.py"), str(tmp_path)]
 
 
 def test_the_plan_names_the_diffs_to_apply_to_your_earlier_files(tmp_path, capsys):
@@ -131,3 +226,86 @@ def test_a_failing_raises_test_shows_the_message_it_expected(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FAIL  test_bad_sizes_are_refused" in out
     assert "the test expects an error matching \"max_seq_len must be a positive int" in out
+
+
+CHAPTER = '''## The code
+
+### Your turn: `Embed.forward`
+
+`forward(idx)` takes a `(B, T)` tensor of ids and returns it. Checked by `test_forward`.
+
+<details>
+<summary>The code, once you have tried</summary>
+
+```python
+# tiny_llm/embed.py
+    def forward(self, idx):
+        return idx
+```
+
+</details>
+
+## Two at once
+
+The first helper says hello.
+
+```python
+# tiny_llm/embed.py
+def one():
+    return 1
+
+
+def two():
+    return 2
+```
+
+`two` gives two.
+'''
+SOURCE = '''class Embed:
+    def forward(self, idx):
+        return idx
+
+
+def one():
+    return 1
+
+
+def two():
+    return 2
+'''
+
+
+def test_code_in_details_is_found_and_each_body_quotes_its_own_words(tmp_path, monkeypatch):
+    import chapters
+
+    path = tmp_path / "04-embed.md"
+    path.write_text(CHAPTER)
+    found = chapters.blocks(path)  # the chapter checks read a fence inside <details> too
+    assert [(b.info, b.body.split("\n")[1]) for b in found] == [
+        ("python", "    def forward(self, idx):"), ("python", "def one():")]
+    assert [info for _, info, _ in buildup.fenced_blocks(CHAPTER)] == ["python", "python"]
+    monkeypatch.setattr(workalong, "chapter_of", lambda module: path)
+    shown = workalong.shown_in_chapter("embed", SOURCE)
+    assert shown == {
+        "Embed.forward": ("steps/04-embed.md, section 'The code'", "`forward(idx)` takes a "
+                          "`(B, T)` tensor of ids and returns it. Checked by `test_forward`."),
+        "one": ("steps/04-embed.md, section 'Two at once'", "The first helper says hello."),
+        "two": ("steps/04-embed.md, section 'Two at once'", "`two` gives two.")}
+    node = dict(workalong.bodies(ast.parse(SOURCE)))["Embed.forward"]
+    assert workalong.shown_whole(SOURCE, node, buildup.squash(CHAPTER))
+
+
+def test_stubs_do_not_quote_another_bodys_paragraph():
+    """Embed.__init__ quoted the forward's paragraph, check_length check_ids', and
+    CausalSelfAttention.__init__ the forward's."""
+    pairs = {"embed": [("Embed.__init__", "Embed.forward"), ("check_length", "check_ids")],
+             "attention": [("CausalSelfAttention.__init__", "CausalSelfAttention.forward")]}
+    checked = 0
+    for module, names in pairs.items():
+        shown = workalong.shown_in_chapter(module, buildup.state(STEPS.index(module) + 1)[
+            f"{module}.py"])
+        for mine, other in names:
+            if mine in shown and other in shown:
+                assert not shown[mine][1] or shown[mine][1] != shown[other][1], (mine, other)
+                checked += 1
+    assert checked

@@ -22,6 +22,7 @@ files removed: that gives the state at every step.
 
 import ast
 import functools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,15 +166,24 @@ def state(step):
 
 
 def write_state(step, out):
-    """Write the package at the end of `step` to out/tiny_llm/; return that folder."""
+    """Write the package at the end of `step` to out/tiny_llm/; return that folder.
+
+    No write follows a link: each file is written beside its name and renamed onto it, which
+    replaces a link there (a learner's file linked in by workalong) instead of writing through
+    it. Stale modules of another step are removed (a link is removed, never its target)."""
     folder = Path(out) / "tiny_llm"
-    if folder.exists() and any(folder.iterdir()):
-        stale = [p for p in folder.glob("*.py") if p.name not in state(step)]
-        for path in stale:
-            path.unlink()
+    if folder.is_symlink():
+        raise FileExistsError(f"{folder} is a link: the package is written only into a folder "
+                              "of its own; pick another --out")
+    files = state(step)
     folder.mkdir(parents=True, exist_ok=True)
-    for name, text in state(step).items():
-        (folder / name).write_text(text)
+    for path in folder.glob("*.py"):
+        if path.name not in files:
+            path.unlink()
+    for name, text in files.items():
+        tmp = folder / f".{name}.tmp-{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, folder / name)
     return folder
 
 

@@ -2,27 +2,35 @@
 
     uv run python -m tiny_llm.workalong 05 --plan    # what step 05 asks of you, and where
     uv run python -m tiny_llm.workalong 05           # make mine/attention.py, test it, check it
+    uv run python -m tiny_llm.workalong 05 --run -- python scripts/smoke_test.py  # on your code
     uv run python -m tiny_llm.workalong --state 05 --out DIR   # the package after step 05
 
 A step asks for two kinds of work. Its new module, `mine/attention.py`, starts as the module
 as it stands at step 05 (tiny_llm/buildup.py) with every body the chapter shows replaced by a
-`NotImplementedError` that carries the chapter's explanation, not its code. And where a later
-chapter changes a module you wrote earlier (step 12 gives attention a cache), you apply the
-chapter's diff to your own file.
+`NotImplementedError` that quotes the chapter's contract for it (its `### Your turn` section,
+else the paragraph that introduces its code), not its code. And where a later chapter changes a
+module you wrote earlier (step 12 gives attention a cache), you apply the chapter's diff to your
+own file.
 
-Each run builds the package as it stands at the step in `mine/.build/`: the course's state at
-that step, with every module you have written (`mine/<module>.py` of this step or an earlier
-one) linked in its place. Then it runs the step's tests there, and the chapter's checks, and
-compares what they print with the chapter. Your files are never overwritten (`--fresh` starts
-the step's module over and keeps the old one as a `.bak`).
+Each run builds the package as it stands at the step in `mine/.build/`, afresh: the folder is
+deleted and written again (it holds a marker, MARKER, so nothing else is ever deleted), with the
+course's state at that step and every module you have written (`mine/<module>.py` of this step
+or an earlier one) linked in its place. Then it runs the step's tests there, and the chapter's
+checks, and compares what they print with the chapter; each command is stopped after
+`--timeout` seconds. `--run -- python ...` runs any course command on that build, from where
+you are. Your files are only ever read: the one file a run writes in `mine/` is a step's
+skeleton where you have none yet; `--fresh` writes a new skeleton beside yours
+(`mine/attention.fresh.py`) and leaves yours exactly as it is.
 """
 
 import argparse
 import ast
+import itertools
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -32,6 +40,8 @@ from tiny_llm import buildup
 from tiny_llm.buildup import ROOT, STEPS, squash
 
 LINKED = ("tests", "solutions", "scripts", "steps")  # what the tests read from the repository
+MARKER = ".tiny-llm-workalong"  # in every folder workalong writes: only such a folder is rewritten
+TIMEOUT = 300  # seconds for the step's tests, and for each check: time enough on a slow laptop
 
 
 def step_number(step):
@@ -65,37 +75,93 @@ def bodies(tree):
                     yield f"{node.name}.{sub.name}", sub
 
 
-def explanation(text, start, end):
-    """The chapter's words about the code block text[start:end]: the last paragraph of prose
-    before it in its section, else the first one after it; on one line."""
-    def prose(part):
-        part = re.sub(r"```.*?```", "\n\n", part, flags=re.S)
-        return [squash(p) for p in re.split(r"\n\s*\n", part)
-                if p.strip() and not p.lstrip().startswith(("#", "!", "|", "<!--"))]
+HEADING = re.compile(r"^#{2,3} .*$", re.M)
+YOUR_TURN = re.compile(r"^### Your turn:(.*)$", re.M)
 
-    section = text[:start].rsplit("\n## ", 1)[-1].split("\n", 1)[-1]
-    after = text[end:].split("\n## ", 1)[0]
-    found = (prose(section)[-1:] or prose(after)[:1] or [""])[0]
-    return found if len(found) <= 400 else found[:397].rsplit(" ", 1)[0] + " ..."
+
+def prose(part):
+    """The paragraphs of prose in a piece of chapter, each on one line: no code, headings,
+    pictures, tables or HTML (`<details>`, `<summary>`)."""
+    part = buildup.FENCE.sub("\n\n", part)
+    return [squash(p) for p in re.split(r"\n\s*\n", part)
+            if p.strip() and not p.lstrip().startswith(("#", "!", "|", "<"))]
+
+
+def short(paragraph, limit=400):
+    """`paragraph`, cut at a space to at most `limit` characters."""
+    if len(paragraph) <= limit:
+        return paragraph
+    return paragraph[: limit - 3].rsplit(" ", 1)[0] + " ..."
+
+
+def contract(text, name):
+    """The contract a `### Your turn: `Name`` section gives for body `name` ('Embed.forward';
+    a heading that names the class, `Embed`, covers its methods): the prose between the heading
+    and the code, on one line; None where no such section names it."""
+    for match in YOUR_TURN.finditer(text):
+        named = {n.split("(")[0].strip() for n in re.findall(r"`([^`]+)`", match.group(1))}
+        if name in named or name.rpartition(".")[0] in named:
+            rest = text[match.end():]
+            stop = re.search(r"^(<details|```|#{1,3} )", rest, re.M)
+            return " ".join(prose(rest[: stop.start() if stop else len(rest)]))
+    return None
+
+
+def explanation(text, start, end, name, names):
+    """The chapter's words for body `name`, whose code the block text[start:end] shows (with
+    the bodies `names`, in order): its `### Your turn` contract; else, for a block of one body,
+    the paragraph just before the block (or just after it, unless that one introduces the next
+    block); for a block of several, the nearest paragraph of the section that names this body,
+    else the paragraph before the block for the first body only. On one line; "" if none."""
+    if (said := contract(text, name)) is not None:
+        return short(said, 800)
+    top = max([0, *(m.start() for m in HEADING.finditer(text, 0, start))])
+    bottom = min([len(text), *(m.start() for m in HEADING.finditer(text, end))])
+    fences = list(buildup.FENCE.finditer(text, top, bottom))
+    since = max([top, *(m.end() for m in fences if m.end() <= start)])
+    until = min([bottom, *(m.start() for m in fences if m.start() >= end)])
+    before, after = prose(text[since:start]), prose(text[end:until])
+    if until < bottom:
+        after = after[:-1]  # the paragraph just before the next block introduces that block
+    if len(names) == 1:
+        return short((before[-1:] or after[:1] or [""])[0])
+    last = name.rpartition(".")[2]
+    keys = [f"`{name}`", f"`{last}`", f"{last}("] + ["constructor"] * (last == "__init__")
+    nearest = prose(text[top:start])[::-1] + prose(text[end:bottom])
+    named = [p for p in nearest if any(key in p for key in keys)]
+    first = before[-1:] if name == names[0] else []
+    return short((named[:1] or first or [""])[0])
+
+
+def code_blocks(module):
+    """[(match, where)] for each code block of the step's chapter that shows `module`'s code
+    (first line `# tiny_llm/<module>.py`, not a diff), fenced alone or inside a `<details>`;
+    `where` names the chapter and section. What follows `## Exercises` is left out."""
+    chapter = chapter_of(module)
+    text = chapter.read_text().split("\n## Exercises", 1)[0]  # what follows is reference
+    found = []
+    for match in buildup.FENCE.finditer(text):
+        header = buildup.FILE_HEADER.match(match.group(3).partition("\n")[0])
+        if match.group(2).strip() == "diff" or not header or header.group(1) != f"{module}.py":
+            continue  # a diff is a change to apply to your file, not a body to write
+        headings = re.findall(r"^## (.+)$", text[: match.start()], re.M)
+        found.append((match, f"steps/{chapter.name}" + (f", section '{headings[-1]}'"
+                                                       if headings else "")))
+    return found
 
 
 def shown_in_chapter(module, source):
     """{qualified name: (where, explanation)} for each function or method of `source` whose code
-    the step's chapter shows: its section, and the prose that introduces the block."""
+    the step's chapter shows: its section, and the chapter's words for it (explanation())."""
     words, lines = [], []
     for number, line in enumerate(source.splitlines(), 1):
         words += line.split()
         lines += [number] * len(line.split())
     code, defs, shown = " ".join(words), list(bodies(ast.parse(source))), {}
-    chapter = chapter_of(module)
-    text = chapter.read_text().split("\n## Exercises", 1)[0]  # what follows is reference
-    for match in buildup.FENCE.finditer(text):
-        first, _, body = match.group(3).partition("\n")
-        header = buildup.FILE_HEADER.match(first)
-        if match.group(2).strip() == "diff" or not header or header.group(1) != f"{module}.py":
-            continue  # a diff is a change to apply to your file, not a body to write
-        headings = re.findall(r"^## (.+)$", text[: match.start()], re.M)
-        where = f"steps/{chapter.name}" + (f", section '{headings[-1]}'" if headings else "")
+    text = chapter_of(module).read_text().split("\n## Exercises", 1)[0]
+    for match, where in code_blocks(module):
+        body = match.group(3).partition("\n")[2]
+        names = []
         for piece in re.split(r"^\s*#\s*\.\.\.\s*$", body, flags=re.M):
             piece = squash(piece)
             at = code.find(piece) if piece else -1
@@ -103,9 +169,11 @@ def shown_in_chapter(module, source):
                 continue
             first = lines[code.count(" ", 0, at)]
             last = lines[code.count(" ", 0, at) + piece.count(" ")]
-            for name, node in defs:
-                if node.lineno <= last and node.end_lineno >= first:
-                    shown.setdefault(name, (where, explanation(text, match.start(), match.end())))
+            names += [name for name, node in defs
+                      if node.lineno <= last and node.end_lineno >= first and name not in names]
+        for name in names:
+            shown.setdefault(name, (where, explanation(text, match.start(), match.end(), name,
+                                                       names)))
     return shown
 
 
@@ -151,13 +219,10 @@ def skeleton(module, everything=False):
         asked = name in shown and shown_whole(source, node, text)  # the chapter has every line
         if not (asked or (everything and name != "main")) or name in called_at_import(tree):
             continue
-        body = node.body[1:] if ast.get_docstring(node) is not None else node.body
-        if not body or body[0].lineno == node.lineno:
+        if (start := body_start(lines, node)) is None:
             continue  # nothing to write, or a one-line def
-        todo.append((name, node, body[0].lineno))
+        todo.append((name, node, start))
     for name, node, start in reversed(todo):  # from the bottom, so line numbers stay right
-        while lines[start - 2].strip().startswith("#") or not lines[start - 2].strip():
-            start -= 1  # the comments above the first statement go too: they explain it
         pad = " " * (node.col_offset + 4)
         where, said = shown.get(name, (chapter, ""))
         message = [f"{name}: write it from {where}."] + ([f"The chapter: {said}"] if said else [])
@@ -169,6 +234,19 @@ def skeleton(module, everything=False):
               f"# Test it: uv run python -m tiny_llm.workalong {number:02d}   "
               f"(the answer: tiny_llm/{module}.py)"]
     return "\n".join(header + lines) + "\n", {n: shown.get(n, (chapter, ""))[0] for n, *_ in todo}
+
+
+def body_start(lines, node):
+    """The first line (1-based) of what the learner writes for `node`: its first statement after
+    the docstring, with the comments just above it (they explain it); None for a def with
+    nothing to write or a one-line def. The body runs from there to node.end_lineno."""
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    if not body or body[0].lineno == node.lineno:
+        return None
+    start = body[0].lineno
+    while lines[start - 2].strip().startswith("#") or not lines[start - 2].strip():
+        start -= 1
+    return start
 
 
 def shown_whole(source, node, chapter_text):
@@ -194,63 +272,151 @@ def wrap(text, width):
 def learner_file(module, folder, fresh=False, everything=False):
     """Return the learner's file for a step, writing a skeleton only where there is none yet.
 
-    Existing work is never overwritten: with `fresh` it is renamed to `<module>.py.<n>.bak`.
-    """
+    An existing file is never written: with `fresh` the new skeleton goes beside it, to
+    `<module>.fresh.py` (then `.fresh-2.py`, ...), and that path is returned."""
     path = Path(folder) / f"{module}.py"
     if path.exists() and not fresh:
-        print(f"yours        {path} (kept; --fresh starts over)")
+        print(f"yours        {path} (kept; --fresh writes a new skeleton beside it)")
         return path
-    if path.exists():
-        backups = (path.with_suffix(f".py.{n}.bak") for n in range(1, 10_000))
-        backup = next(p for p in backups if not p.exists())
-        path.rename(backup)
-        print(f"kept         your old file as {backup}")
+    target = path
+    if path.exists() or path.is_symlink():
+        names = (path.with_name(f"{module}.fresh{'' if n == 1 else f'-{n}'}.py")
+                 for n in itertools.count(1))
+        target = next(p for p in names if not (p.exists() or p.is_symlink()))
     text, todo = skeleton(module, everything=everything)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(f"wrote        {path}: {len(todo)} bodies for you to write")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "x") as file:  # "x": fails rather than replace anything already there
+        file.write(text)
+    print(f"wrote        {target}: {len(todo)} bodies for you to write")
     print(f"to write     {', '.join(todo)}")
-    return path
+    if target != path:
+        print(f"yours        {path} is as it was; to start over with the new one: "
+              f"mv {path} {path.with_suffix('.old.py')} && mv {target} {path}")
+    return target
 
 
 def yours(step, folder):
     """{module: path} of the learner's own files for the steps up to `step`."""
     paths = {m: Path(folder) / f"{m}.py" for m in STEPS[:step]}
-    return {m: path for m, path in paths.items() if path.exists()}
+    return {m: path for m, path in paths.items() if path.is_file()}
+
+
+def check_ours(folder, fix):
+    """Raise SystemExit unless `folder` is absent, empty, or was written by workalong (it holds
+    MARKER, which lists what it wrote there, `*` for all): nothing else is ever deleted."""
+    folder = Path(folder)
+    name = folder if folder.name else folder.absolute()  # "." says too little
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise SystemExit(f"{name} is a {'link' if folder.is_symlink() else 'file'}, not a "
+                         f"folder workalong wrote: nothing was written. {fix}")
+    if not folder.exists() or not any(folder.iterdir()):
+        return
+    if not (folder / MARKER).is_file():
+        raise SystemExit(f"{name} is not empty and workalong did not write it (it holds no "
+                         f"{MARKER}): nothing in it was touched. {fix}")
+    ours = (folder / MARKER).read_text().split()
+    other = sorted(p.name for p in folder.iterdir() if p.name not in {*ours, MARKER})
+    if other and "*" not in ours:
+        raise SystemExit(f"{name} holds what workalong did not write ({', '.join(other)}): "
+                         f"nothing in it was touched. {fix}")
+
+
+def fresh_folder(folder, fix, names="*"):
+    """Make `folder` empty but for MARKER (listing `names`), deleting it first only if
+    check_ours allows. A link inside is removed as a link: its target stays as it is."""
+    folder = Path(folder)
+    check_ours(folder, fix)
+    if folder.exists() and any(folder.iterdir()):
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text(f"{names}\n")
+    return folder
+
+
+def write_state(step, out):
+    """--state NN --out DIR: the package at the end of `step` in DIR/tiny_llm/, in a folder that
+    is new, empty, or written here before."""
+    fresh_folder(out, "Pick a new or empty folder for --out.", names="tiny_llm")
+    return buildup.write_state(step, out)
 
 
 def build(step, folder):
-    """mine/.build/: the package at the end of `step`, the learner's modules linked in; a folder
-    to run the step's tests and checks in (`python -m` and pytest find its tiny_llm/ first)."""
-    where = Path(folder) / ".build"
+    """mine/.build/, written afresh: the package at the end of `step`, the learner's modules
+    linked in; a folder to run the step's tests and checks in (`python -m` and pytest find its
+    tiny_llm/ first). Returns its absolute path."""
+    where = Path(folder).absolute() / ".build"
+    fresh_folder(where, f"Move it away, or delete it (rm -r {Path(folder) / '.build'}) if it is "
+                        "a build an older workalong made.")
     buildup.write_state(step, where)
     for module, path in yours(step, folder).items():
         target = where / "tiny_llm" / f"{module}.py"
         target.unlink()
-        target.symlink_to(path.resolve())  # a traceback names the learner's own file
+        target.symlink_to(path.resolve())  # read-only for us: the folder is rebuilt every run
     for name in LINKED:
-        link = where / name
-        if not link.is_symlink():
-            link.symlink_to(ROOT / name)
+        (where / name).symlink_to(ROOT / name)
     shutil.copy(ROOT / "pyproject.toml", where / "pyproject.toml")
     return where
 
 
-def environment():
-    """The commands' environment: the learner's data folder, wherever the package is built."""
+def syntax_errors(files):
+    """['mine/x.py:12:5: invalid syntax' and the line] for each file Python cannot read."""
+    found = []
+    for path in files.values():
+        try:
+            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        except SyntaxError as err:
+            found.append(f"{path}:{err.lineno}:{err.offset}: {err.msg}")
+            if err.text:
+                found.append(f"    {err.text.rstrip()}")
+                found.append(f"    {' ' * max((err.offset or 1) - 1, 0)}^")
+        except ValueError as err:  # a null byte
+            found.append(f"{path}: {err}")
+    return found
+
+
+def environment(build_folder=None):
+    """The commands' environment: the learner's data folder (as seen from where they are),
+    wherever the package is built; with `build_folder`, Python finds its tiny_llm/ first."""
     from tiny_llm.paths import DATA_DIR
 
-    return {**os.environ, "TINY_LLM_DATA_DIR": str(DATA_DIR.resolve())}
+    data = Path(os.environ.get("TINY_LLM_DATA_DIR") or DATA_DIR).resolve()
+    env = {**os.environ, "TINY_LLM_DATA_DIR": str(data)}
+    if build_folder is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(build_folder),
+                                                          env.get("PYTHONPATH")]))
+    return env
 
 
-def run_tests(where, module, extra=()):
+def run_python(argv, cwd, env, timeout, capture=True):
+    """`python *argv` in `cwd`: a CompletedProcess (text stdout and stderr when `capture`, else
+    they go to this terminal). After `timeout` seconds (None: no limit) the command and what it
+    started are stopped and subprocess.TimeoutExpired is raised."""
+    out = subprocess.PIPE if capture else None
+    proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=out, stderr=out,
+                            text=True, start_new_session=True)  # its own group, to stop it all
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException:  # the time limit, or Ctrl-C: stop the command and its children too
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended in the meantime
+            pass
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def run_tests(where, module, extra=(), timeout=TIMEOUT):
     """Run tests/test_<module>.py in the build folder: (exit code, [(test, passed, note)])."""
-    report = where / "report.xml"
-    argv = [sys.executable, "-m", "pytest", f"tests/test_{module}.py", "-n", "0", "-q",
-            "--tb=short", "-p", "no:cacheprovider", f"--junitxml={report}", "-o",
-            "junit_family=xunit1", *extra]
-    proc = subprocess.run(argv, cwd=where, env=environment(), capture_output=True, text=True,
-                          check=False)
+    report = Path(where).absolute() / "report.xml"  # pytest runs in `where`: a path from here
+    argv = ["-m", "pytest", f"tests/test_{module}.py", "-n", "0", "-q", "--tb=short", "-p",
+            "no:cacheprovider", f"--junitxml={report}", "-o", "junit_family=xunit1", *extra]
+    try:
+        proc = run_python(argv, where, environment(), timeout)
+    except subprocess.TimeoutExpired:
+        return 1, [(f"tests/test_{module}.py", False,
+                    f"stopped after {timeout} s: a loop that never ends? (--timeout SECONDS "
+                    "allows more)")]
     if not report.exists():
         return proc.returncode, [("collecting the tests", False, proc.stdout[-1500:].strip())]
     results = []
@@ -291,16 +457,21 @@ def check_blocks(step):
     return found
 
 
-def run_checks(where, step):
+def run_checks(where, step, timeout=TIMEOUT):
     """Run the chapter's checks in the build folder; print each output and whether it matches.
     Returns the number of commands that failed or printed something else."""
     wrong = 0
     for pairs in check_blocks(step):
         for command, expected in pairs:
             print(f"$ {command}", flush=True)
-            argv = [sys.executable, *shlex.split(command)[3:]]  # after `uv run python`
-            proc = subprocess.run(argv, cwd=where, env=environment(), capture_output=True,
-                                  text=True, check=False)
+            argv = shlex.split(command)[3:]  # after `uv run python`
+            try:
+                proc = run_python(argv, where, environment(), timeout)
+            except subprocess.TimeoutExpired:
+                print(f"check        stopped after {timeout} s: a loop that never ends? "
+                      "(--timeout SECONDS allows more)")
+                wrong += 1
+                continue
             print(proc.stdout, end="")
             if proc.returncode:
                 print(proc.stderr[-2000:], end="")
@@ -334,23 +505,88 @@ def print_plan(step, folder, everything=False):
     return 0
 
 
+# `python -c LAUNCH BUILD -m module args...` (or `-c code`, or `script.py`): the command as
+# `python -m module` runs it, but with the build folder first on sys.path, ahead of the folder it
+# runs from (where `python -m` would find the repository's own tiny_llm/).
+LAUNCH = """
+import os, runpy, sys
+build, target, args = sys.argv[1], sys.argv[2:4], sys.argv[4:]
+if target[0] == "-m":
+    sys.argv, sys.path[0:1] = [target[1], *args], [build, os.getcwd()]
+    runpy._run_module_as_main(target[1])
+elif target[0] == "-c":
+    sys.argv, sys.path[0:1] = ["-c", *args], [build, ""]
+    exec(compile(target[1], "<string>", "exec"), {"__name__": "__main__"})
+else:
+    sys.argv = [target[0], *sys.argv[3:]]
+    sys.path[0:1] = [build, os.path.dirname(os.path.abspath(target[0]))]
+    runpy.run_path(target[0], run_name="__main__")
+"""
+
+
+def launch_argv(command, where):
+    """['python', '-m', 'tiny_llm.train', ...] (a leading `uv run` allowed; `-c code` and
+    `script.py` too) -> the argv after `python` that runs it on the build `where`; SystemExit
+    for anything else."""
+    words = list(command)
+    if words[:2] == ["uv", "run"]:
+        words = words[2:]
+    python = bool(words) and Path(words[0]).name.startswith("python")
+    if not python or len(words) < 2 or (words[1] in ("-m", "-c") and len(words) < 3) or (
+            words[1].startswith("-") and words[1] not in ("-m", "-c")):
+        shown = " ".join(command) or "nothing"
+        raise SystemExit(f"--run runs a Python command, got {shown!r}: give it after --, e.g. "
+                         "--run -- python -m tiny_llm.train --preset tiny, or "
+                         "--run -- python scripts/smoke_test.py")
+    return ["-c", LAUNCH, str(where), *words[1:]]
+
+
+def run_mine(step, folder, command, timeout):
+    """--run: the course command `command` on the package at `step` with the learner's files,
+    from the learner's folder (relative paths such as runs/ and data/ are theirs)."""
+    files = yours(step, folder)
+    if problems := syntax_errors(files):
+        print("syntax error " + "\n".join(problems))
+        print("stopped      Python cannot read your file: fix the line above first")
+        return 1
+    launch_argv(command, "")  # a command it cannot run is refused before anything is built
+    where = build(step, folder)
+    argv = launch_argv(command, where)
+    mine = ", ".join(str(p) for p in files.values()) or "none of yours"
+    print(f"yours        {mine}; the course's for the rest of step {step:02d}", flush=True)
+    try:
+        return run_python(argv, Path.cwd(), environment(where), timeout, capture=False).returncode
+    except subprocess.TimeoutExpired:
+        print(f"stopped      {' '.join(command)} after {timeout} s (--timeout)")
+        return 1
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         description="Write a step yourself: make your file, test it, run the chapter's checks.",
-        epilog="Arguments after `--` go to pytest, e.g. -- -k causal --tb=long")
+        epilog="Arguments after `--` go to pytest, e.g. -- -k causal --tb=long; with --run, "
+               "they are the command: --run -- python scripts/smoke_test.py")
     parser.add_argument("step", nargs="?", help="step number or module name: 05 or attention")
     parser.add_argument("--dir", type=Path, default=Path("mine"), help="your files (default mine/)")
-    parser.add_argument("--fresh", action="store_true", help="start over (keeps the old as .bak)")
+    parser.add_argument("--fresh", action="store_true", help="write a new skeleton beside yours "
+                        "(mine/<module>.fresh.py); yours stays as it is")
     parser.add_argument("--all", action="store_true", help="write every body but main, not just "
                         "what the chapter shows")
     parser.add_argument("--no-check", action="store_true", help="run the tests only")
     parser.add_argument("--plan", action="store_true", help="only say what you would write")
+    parser.add_argument("--run", action="store_true", help="run the command after -- on the "
+                        "package at the step with your files, from here")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the tests, or a "
+                        f"check, after this long (default {TIMEOUT}; --run: no limit)")
     parser.add_argument("--state", metavar="NN", help="write the package as it stands at the end "
                         "of step NN to --out DIR (DIR/tiny_llm/...) and stop")
-    parser.add_argument("--out", type=Path, help="where --state writes")
+    parser.add_argument("--out", type=Path, help="where --state writes: a new or empty folder, "
+                        "or one --state wrote before")
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1 :]
+    if args.timeout is not None and not args.timeout > 0:
+        parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if args.state is not None:
         if args.out is None:
             parser.error("--state needs --out DIR")
@@ -358,7 +594,7 @@ def main(argv=None):
             step = step_number(args.state)
         except SystemExit as err:
             parser.error(str(err))
-        print(f"step {step:02d}      {buildup.write_state(step, args.out)}")
+        print(f"step {step:02d}      {write_state(step, args.out)}")
         return 0
     if args.step is None:
         parser.error("give a step (e.g. 05), or --state NN --out DIR")
@@ -366,18 +602,29 @@ def main(argv=None):
     module = STEPS[step - 1]
     if args.plan:
         return print_plan(step, args.dir, everything=args.all)
+    if args.run:
+        return run_mine(step, args.dir, extra, args.timeout)
+    timeout = args.timeout or TIMEOUT
     path = learner_file(module, args.dir, fresh=args.fresh, everything=args.all)
+    if path.name != f"{module}.py":
+        return 0  # --fresh beside the learner's file: nothing new to test yet
+    files = yours(step, args.dir)
+    if problems := syntax_errors(files):
+        print("syntax error " + "\n".join(problems))
+        print("summary      Python cannot read your file: fix the line above, then run the "
+              "same command again")
+        return 1
     where = build(step, args.dir)
-    print(f"tests        tests/test_{module}.py on {where} (your "
-          f"{', '.join(p.name for p in yours(step, args.dir).values())})", flush=True)
-    code, results = run_tests(where, module, extra)
+    print(f"tests        tests/test_{module}.py on {Path(args.dir) / '.build'} (your "
+          f"{', '.join(p.name for p in files.values())})", flush=True)
+    code, results = run_tests(where, module, extra, timeout)
     said = set()
     for name, passed, why in results:
         print(f"  {'pass' if passed else 'FAIL'}  {name}")
         if why and why not in said:  # each failure message once: often all the same stub
             print("\n".join(f"          {line}" for line in why.splitlines()))
             said.add(why)
-    wrong = 0 if args.no_check else run_checks(where, step)
+    wrong = 0 if args.no_check else run_checks(where, step, timeout)
     passed = sum(ok for _, ok, _ in results)
     check = ("not run" if args.no_check else "as the chapter shows" if not wrong
              else f"{wrong} command(s) differ")
