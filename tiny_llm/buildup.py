@@ -35,7 +35,7 @@ STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block
          "generate", "train", "evaluate", "kvcache", "speed", "posenc_lab", "modern", "scale",
          "export"]  # step 01 is device, step 17 export: the course table in README.md
 # The shared helpers, each at the first step whose module imports it.
-HELPERS = {"__init__": 1, "buildup": 1, "workalong": 1, "files": 1, "paths": 1, "diagrams": 1,
+HELPERS = {"__init__": 1, "buildup": 1, "workalong": 1, "files": 1, "paths": 1, "diagrams": 2,
            "bpe": 2, "sample_stories": 2, "prepared": 3, "checks": 4, "loss": 10, "budget": 10,
            "checkpoint": 9, "processes": 10, "muon": 10, "plots": 11, "posenc": 14,
            "instruct": 17, "studio": 17}
