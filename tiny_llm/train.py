@@ -80,6 +80,10 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model: faster steps after a compile of a minute
     seed: int = 1337
     data_dir: str = str(DATA_DIR)
+    init_from: str | None = None  # step 17: start from this checkpoint's weights (fine-tuning)
+    requests: str | None = None  # step 17: train on request rows: derived, or a TinyStories-Instruct source
+    lora_rank: int = 0  # step 17: > 0 trains LoRA adapters of this rank, the model frozen
+    lora_alpha: float = 16.0  # step 17: the adapters' scale is lora_alpha / lora_rank
 
     def __post_init__(self):
         """Checked once, when the config is made: a clear error for a setting that cannot work."""
@@ -151,10 +155,17 @@ def param_groups(model, weight_decay):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
+def draw_batch(data, batch_size, seq_len, device, generator):
+    """get_batch's random windows of a token file, or step 17's request rows, which draw their own."""
+    if hasattr(data, "get_batch"):
+        return data.get_batch(batch_size, seq_len, device, generator)
+    return get_batch(data, batch_size, seq_len, device, generator)
+
+
 def estimate_loss(model, data, cfg, device):
     """Mean loss over eval_iters batches drawn with a fixed seed: the same batches every time."""
     generator = torch.Generator().manual_seed(cfg.seed)
-    batches = (get_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
+    batches = (draw_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
                for _ in range(cfg.eval_iters))
     return mean_loss(model, batches, device, cfg.dtype)[0]
 
@@ -166,7 +177,7 @@ def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCE
     seq_len = parallel.unwrap(model).config.max_seq_len
     rows = slice(parallel.rank * cfg.batch_size, (parallel.rank + 1) * cfg.batch_size)
     for i in range(cfg.grad_accum):  # every rank draws the same windows and keeps its own rows
-        x, y = get_batch(data, cfg.batch_size * parallel.world_size, seq_len, device, generator)
+        x, y = draw_batch(data, cfg.batch_size * parallel.world_size, seq_len, device, generator)
         with parallel.no_sync(model, sync=i == cfg.grad_accum - 1):
             with autocast(device, cfg.dtype):
                 _, loss = model(x[rows], y[rows])
@@ -187,10 +198,15 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     seed_everything(cfg.seed)
     if ckpt:
         model = model_from_state(ckpt)  # the whole model, before step 16 shards it
+    elif cfg.init_from:  # step 17: fine-tune a trained model
+        model = model_from_state(load_checkpoint(cfg.init_from, data_dir=cfg.data_dir))
     else:
         cls = model_class(cfg.model)
         model = cls(replace(cls.presets[cfg.preset], vocab_size=meta["vocab_size"],
                             dropout=cfg.dropout))
+    if cfg.lora_rank:  # step 17 (imported by its flag): adapters train, the model is frozen
+        from tiny_llm.instruct import add_lora
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, ckpt and ckpt["adapters"])
     model = model.to(device)
     if cfg.compile:
         model.compile()  # in place: the state_dict keeps its names
@@ -281,6 +297,9 @@ def train_in_folder(cfg, parallel):
                                                                        ckpt_path, parallel)
     gpt = parallel.unwrap(model)
     train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
+    if cfg.requests:  # step 17 (imported by its flag): rows of a request and its story
+        from tiny_llm.instruct import request_rows
+        train_data, valid_data = request_rows(cfg, train_data, valid_data, gpt.config.max_seq_len)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
     print_setup(cfg, meta, gpt, device, tokens_per_step, parallel.world_size)
     if parallel.rank == 0:  # standard error: machine facts, like the progress bar
