@@ -30,6 +30,7 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stories", type=Path, default=None)
+    parser.add_argument("--no-chance", action="store_true", help="skip the first's plain prompt")
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
     valid = load_token_array(args.data_dir / "valid.bin")
@@ -43,11 +44,12 @@ def main():
         model, _ = model_from_checkpoint(path, data_dir=args.data_dir)
         loss = evaluate_loss(model, valid)["loss"]
         bpb = bits_per_byte(loss, meta["valid"]["tokens"], meta["valid"]["bytes"])
-        prompts = [("once upon a time", True)] if i == 0 else []
+        prompts = [("once upon a time", True)] if i == 0 and not args.no_chance else []
         for label, plain in prompts + [("request", False)]:
             held, s1 = measure(model, tokenizer, held_out, args.max_new_tokens, args.seed, plain)
             freed, s2 = measure(model, tokenizer, free, args.max_new_tokens, args.seed, plain)
-            kept[f"{name} {label}"] = {"held_out": list(zip(held_out, s1)), "free": list(zip(free, s2))}
+            kept[f"{name} {label}"] = {"held_out": list(zip(held_out, s1, strict=True)),
+                                       "free": list(zip(free, s2, strict=True))}
             print(f"{name + ', ' + label:<26} {held['words']:>14.1%} {held['sentence']:>8.1%} "
                   f"{held['dialogue']:>8.1%} {freed['words']:>10.1%} {bpb:>9.4f}", flush=True)
     if args.stories:

@@ -7,7 +7,14 @@ import torch
 
 from tiny_llm.data import DATA_DIR, ensure_data, load_token_array
 from tiny_llm.gpt import GPT, PRESETS
-from tiny_llm.instruct import add_lora, derived_records, render_request, request_row, rows_of, trainable
+from tiny_llm.instruct import (
+    add_lora,
+    derived_records,
+    render_request,
+    request_row,
+    rows_of,
+    trainable,
+)
 from tiny_llm.tokenize import load_tokenizer
 
 

@@ -166,7 +166,7 @@ def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
     log ahead of the weights, which resume_run trims; the other order would lose records."""
     model_state, optimizer_state = parallel.state_dicts(model, optimizer)  # every rank takes part
     adapters = {}
-    if getattr(cfg, "lora_rank", 0):  # step 17 (imported by its flag): plain merged weights, and the adapters
+    if getattr(cfg, "lora_rank", 0):  # step 17: plain merged weights, and the adapters
         from tiny_llm.instruct import merged
         model_state, adapters = merged(model_state), {"adapters": model_state}
     if parallel.rank != 0:  # rank 0 alone writes

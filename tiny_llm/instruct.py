@@ -55,7 +55,8 @@ COMMON_WORDS = ("dog", "cat", "ball", "tree", "park", "happy", "sad", "big", "ju
 
 def render_request(words=(), features=(), sentence=None, summary=None):
     """The prompt for a request, exactly as training renders it, ending where the story begins.
-    render_request(["dog", "moon"], ["Dialogue"]) -> 'Features: Dialogue\\nWords: dog, moon\\nStory:\\n'
+    render_request(["dog", "moon"], ["Dialogue"])
+    -> 'Features: Dialogue\\nWords: dog, moon\\nStory:\\n'
     Fields come in one fixed order and an empty field is left out."""
     unknown = [f for f in features if f not in FEATURES]
     if unknown:
@@ -189,7 +190,7 @@ class RequestRows:
 
 
 def story_ids(tokens, eot_id=0):
-    """A token file's stories, each an array of ids without its EOT: [5, 6, 0, 7, 0] -> [5 6], [7]."""
+    """A token file's stories, int64 ids without their EOT: [5, 6, 0, 7, 0] -> [5 6], [7]."""
     ends = np.flatnonzero(np.asarray(tokens) == eot_id)
     starts = np.concatenate([[0], ends[:-1] + 1])
     return [np.asarray(tokens[s:e], dtype=np.int64) for s, e in zip(starts, ends, strict=True)
@@ -274,7 +275,8 @@ class LoRALinear(nn.Linear):
         self.register_buffer("lora_scale", torch.tensor(alpha / rank))
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias) + (x @ self.lora_a.T @ self.lora_b.T) * self.lora_scale
+        low_rank = x @ self.lora_a.T @ self.lora_b.T  # (..., in) -> (..., r) -> (..., out)
+        return F.linear(x, self.weight, self.bias) + low_rank * self.lora_scale
 
 
 def add_lora(model, rank, alpha, state=None):
@@ -338,9 +340,9 @@ def main():
     parser = argparse.ArgumentParser(description="Step 17: requests, masked rows and LoRA.")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     args = parser.parse_args()
-    from tiny_llm.data import ensure_data
     from dataclasses import replace
 
+    from tiny_llm.data import ensure_data
     from tiny_llm.gpt import GPT, PRESETS
     ensure_data(args.data_dir)
     tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
@@ -368,7 +370,8 @@ def main():
     print(f"{'trainable':<12} full {full:,}, LoRA rank 8 {trainable(model):,} "
           f"({trainable(model) / full:.1%})")
     print(f"{'merge':<12} plain model vs adapted: max |logit difference| {gap:.1e}")
-    print(f"{'scores':<12} {score_story(request, tokenizer.decode(ids.tolist()))} (the story itself)")
+    scores = score_story(request, tokenizer.decode(ids.tolist()))
+    print(f"{'scores':<12} {scores} (the story itself)")
 
 
 if __name__ == "__main__":

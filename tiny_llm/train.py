@@ -81,7 +81,7 @@ class TrainConfig:
     seed: int = 1337
     data_dir: str = str(DATA_DIR)
     init_from: str | None = None  # step 17: start from this checkpoint's weights (fine-tuning)
-    requests: str | None = None  # step 17: train on request rows: derived, or a TinyStories-Instruct source
+    requests: str | None = None  # step 17: request rows: derived, or TinyStories-Instruct
     lora_rank: int = 0  # step 17: > 0 trains LoRA adapters of this rank, the model frozen
     lora_alpha: float = 16.0  # step 17: the adapters' scale is lora_alpha / lora_rank
 
@@ -156,7 +156,7 @@ def param_groups(model, weight_decay):
 
 
 def draw_batch(data, batch_size, seq_len, device, generator):
-    """get_batch's random windows of a token file, or step 17's request rows, which draw their own."""
+    """get_batch's windows of a token file, or step 17's request rows (they draw their own)."""
     if hasattr(data, "get_batch"):
         return data.get_batch(batch_size, seq_len, device, generator)
     return get_batch(data, batch_size, seq_len, device, generator)
