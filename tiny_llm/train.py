@@ -155,17 +155,10 @@ def param_groups(model, weight_decay):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def draw_batch(data, batch_size, seq_len, device, generator):
-    """get_batch's windows of a token file, or step 17's request rows (they draw their own)."""
-    if hasattr(data, "get_batch"):
-        return data.get_batch(batch_size, seq_len, device, generator)
-    return get_batch(data, batch_size, seq_len, device, generator)
-
-
 def estimate_loss(model, data, cfg, device):
     """Mean loss over eval_iters batches drawn with a fixed seed: the same batches every time."""
     generator = torch.Generator().manual_seed(cfg.seed)
-    batches = (draw_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
+    batches = (get_batch(data, cfg.batch_size, model.config.max_seq_len, device, generator)
                for _ in range(cfg.eval_iters))
     return mean_loss(model, batches, device, cfg.dtype)[0]
 
@@ -177,7 +170,7 @@ def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCE
     seq_len = parallel.unwrap(model).config.max_seq_len
     rows = slice(parallel.rank * cfg.batch_size, (parallel.rank + 1) * cfg.batch_size)
     for i in range(cfg.grad_accum):  # every rank draws the same windows and keeps its own rows
-        x, y = draw_batch(data, cfg.batch_size * parallel.world_size, seq_len, device, generator)
+        x, y = get_batch(data, cfg.batch_size * parallel.world_size, seq_len, device, generator)
         with parallel.no_sync(model, sync=i == cfg.grad_accum - 1):
             with autocast(device, cfg.dtype):
                 _, loss = model(x[rows], y[rows])
