@@ -16,7 +16,7 @@ chapter that extends an earlier module shows the change as a diff block:
 Lines starting with a space are context, `-` lines are what the step removes, `+` what it adds
 (an empty line is an empty context line). A hunk's old lines must occur exactly once in the file
 before the step, and its new lines exactly once after it. A file appears at the step that first
-needs it (`FIRST_STEP`). Going back from step 17, each chapter's diffs are undone and its new
+needs it (`FIRST_STEP`). Going back from step 18, each chapter's diffs are undone and its new
 files removed: that gives the state at every step.
 """
 
@@ -33,12 +33,12 @@ ROOT = (Path(__file__).resolve().parents[1] / "steps").resolve().parent
 PACKAGE = ROOT / "tiny_llm"
 STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block", "gpt",
          "generate", "train", "evaluate", "kvcache", "speed", "posenc_lab", "modern", "scale",
-         "export"]  # step 01 is device, step 17 export: the course table in README.md
+         "instruct", "export"]  # step 01 is device, step 18 export: the course table in README.md
 # The shared helpers, each at the first step whose module imports it.
 HELPERS = {"__init__": 1, "buildup": 1, "workalong": 1, "files": 1, "paths": 1, "diagrams": 2,
            "bpe": 2, "sample_stories": 2, "prepared": 3, "checks": 4, "loss": 10, "budget": 10,
            "checkpoint": 9, "processes": 10, "muon": 10, "plots": 11, "posenc": 14,
-           "instruct": 17, "studio": 17}
+           "studio": 17}
 FIRST_STEP = {**{f"{name}.py": step for name, step in HELPERS.items()},
               **{f"{name}.py": number for number, name in enumerate(STEPS, 1)}}
 
@@ -148,7 +148,7 @@ _STATES = {}
 
 
 def state(step):
-    """{file name: text}: the package as it stands at the end of `step` (1..17)."""
+    """{file name: text}: the package as it stands at the end of `step` (1..18)."""
     if not 1 <= step <= len(STEPS):
         raise ValueError(f"no step {step}: the course has steps 01-{len(STEPS)}")
     if step not in _STATES:

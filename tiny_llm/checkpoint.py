@@ -265,6 +265,10 @@ def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
     """Write log.jsonl, then ckpt.pt, each atomically. A run killed between the two leaves a
     log ahead of the weights, which resume_run trims; the other order would lose records."""
     model_state, optimizer_state = parallel.state_dicts(model, optimizer)  # every rank takes part
+    adapters = {}
+    if getattr(cfg, "lora_rank", 0):  # step 17: plain merged weights, and the adapters
+        from tiny_llm.instruct import merged
+        model_state, adapters = merged(model_state), {"adapters": model_state}
     if parallel.rank != 0:  # rank 0 alone writes
         return
     with atomic_path(ckpt_path.parent / "log.jsonl") as tmp:
@@ -280,6 +284,7 @@ def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
         # position in the data; these counts say how much the run has read
         "data_position": {"batches": step * cfg.grad_accum, "tokens": records[-1]["tokens"]},
         "last_record": records[-1],  # this step's log record, should log.jsonl lose it
+        **adapters,  # step 17: what a LoRA run resumes from
     })
 
 

@@ -242,7 +242,17 @@ def parse_args():
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="where tokenizer.json is")
     parser.add_argument("--plot", type=Path, default=None, help="save the sampling picture here")
+    parser.add_argument("--words", default="", help="step 17: a request's words, dog,moon,brave")
+    parser.add_argument("--features", default="", help="step 17: Dialogue, Twist, ...")
+    parser.add_argument("--sentence", default=None, help="step 17: a sentence the story must hold")
     args = parser.parse_args()
+    if args.words or args.features or args.sentence:  # step 17 (imported by these flags)
+        from tiny_llm.instruct import render_request
+        split = lambda text: tuple(w.strip() for w in text.split(",") if w.strip())  # noqa: E731
+        try:
+            args.prompt = render_request(split(args.words), split(args.features), args.sentence)
+        except ValueError as err:
+            parser.error(str(err))
     try:
         check_sampling(args.temperature, args.top_k or None, args.top_p)
         if args.max_new_tokens < 0 or args.num_samples < 1 or args.seed < 0:

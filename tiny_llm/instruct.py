@@ -1,24 +1,378 @@
-"""STAND-IN for the requests step (tiny_llm/instruct.py, built by another branch): only the three
-names the story studio uses, so that the studio and its tests run before the merge. The lead
-drops this file at merge and takes the real one."""
+"""Step 17: a storyteller that takes requests.
+
+A base model continues text. To make it write what it is asked, fine-tune it on records of a
+request and the story that fulfils it, in TinyStories-Instruct's format:
+
+    Features: Dialogue
+    Words: dog, moon, brave
+    Random sentence: The moon was big and round.
+    Story:
+    Once upon a time ...<|endoftext|>
+
+The loss counts only the story and its closing <|endoftext|>: the request's targets carry the
+ignore index (-1), so the model learns to answer requests, not to invent them. Each row starts
+at a record's beginning, so the request is always in view. LoRA trains two small matrices beside
+each frozen projection, W + (alpha / r)·B·A, and merges them into W for saving.
+
+Run the check:  uv run python -m tiny_llm.instruct
+Fine-tune:      uv run python -m tiny_llm.train --init-from runs/cpu/ckpt.pt --requests derived \
+                    --time-budget 3m --lr 1e-3 --out runs/requests
+"""
+
+import argparse
+import itertools
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tiny_llm.data import file_stories, hub_reachable, load_token_array, split_tail
+from tiny_llm.paths import DATA_DIR
+from tiny_llm.tokenize import EOT, load_tokenizer
 
 FEATURES = ("Dialogue", "BadEnding", "MoralValue", "Twist", "Foreshadowing", "Conflict")
+FIELDS = {"Features": "features", "Words": "words", "Random sentence": "sentence",
+          "Summary": "summary"}  # TinyStories-Instruct's field names -> render_request's
+REQUEST_ROOM = 48  # tokens kept for the request when a story is cut to fit behind it
+MAX_RECORDS = 50_000  # records read from a TinyStories-Instruct source (held in memory)
+STOPWORDS = set("""a an the and or but so if then than that this these those there here is are
+was were be been being am do does did done have has had having he she it they we you i me him
+her them us my your his its our their mine not no yes to of in on at by for with from up down
+out over under into onto off about after before again all any each every some many much more
+most very too also just only own same such can could will would shall should may might must
+said says say what when where which who whom whose why how one two three once upon time day
+lily tim tom ben sue sam anna max mia lucy jack bob sara mom dad mommy daddy named name""".split())
+COMMON_WORDS = ("dog", "cat", "ball", "tree", "park", "happy", "sad", "big", "jump", "play",
+                "friend", "toy", "sun", "bird", "house", "car", "red", "little", "find", "help",
+                "water", "flower", "box", "fish", "cake", "garden", "boat", "hat", "sing", "moon",
+                "brave", "scared", "run", "smile", "rain", "apple", "book", "door", "shiny",
+                "kind")  # the "free" requests draw three of these
 
 
 def render_request(words=(), features=(), sentence=None, summary=None):
-    """The prompt for a request, ending where the story begins."""
+    """The prompt for a request, exactly as training renders it, ending where the story begins.
+    render_request(["dog", "moon"], ["Dialogue"])
+    -> 'Features: Dialogue\\nWords: dog, moon\\nStory:\\n'
+    Fields come in one fixed order and an empty field is left out."""
+    unknown = [f for f in features if f not in FEATURES]
+    if unknown:
+        raise ValueError(f"unknown features {unknown}: choose from {', '.join(FEATURES)}")
     lines = []
-    if words:
-        lines.append("Words: " + ", ".join(words))
     if features:
         lines.append("Features: " + ", ".join(features))
+    if words:
+        lines.append("Words: " + ", ".join(words))
     if sentence:
-        lines.append(f"Random sentence: {sentence}")
+        lines.append("Random sentence: " + sentence)
     if summary:
-        lines.append(f"Summary: {summary}")
-    return "\n".join(lines + ["Story: "])
+        lines.append("Summary: " + summary)
+    return "".join(line.replace("\n", " ") + "\n" for line in lines) + "Story:\n"
+
+
+def parse_record(text):
+    """A TinyStories-Instruct record (fields in any order, then "Story:") -> (request, story).
+    request is a dict of render_request's arguments; parse_record(render_request(**r) + s) == (r, s)
+    for a request r with all four fields (parse fills the absent ones with empty values)."""
+    request = {"words": (), "features": (), "sentence": None, "summary": None}
+    head, sep, story = text.partition("Story:")
+    if not sep:
+        raise ValueError(f"no 'Story:' in the record {text[:80]!r}...: is it TinyStories-Instruct?")
+    for line in head.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in FIELDS and value.strip():
+            key, value = FIELDS[name.strip()], value.strip()
+            if key in ("words", "features"):
+                value = tuple(v.strip() for v in value.split(",") if v.strip())
+            request[key] = value
+    request["features"] = tuple(f for f in request["features"] if f in FEATURES)
+    return request, story.strip()
+
+
+def content_words(text):
+    """Lower-case words of 3+ letters that are not stop words or names, first occurrence order."""
+    seen = dict.fromkeys(w.lower() for w in re.findall(r"\b[A-Za-z]{3,}\b", text))
+    return [w for w in seen if w not in STOPWORDS]
+
+
+def sentences(text):
+    """Sentences of a story that end in . ! or ?, without quotes, 4 to 20 words long."""
+    found = re.findall(r"[A-Z][^.!?\"\n]*[.!?]", text)
+    return [s.strip() for s in found if 4 <= len(s.split()) <= 20]
+
+
+def derive_request(story, seed=0):
+    """A request read off a story: three of its content words, one of its sentences (half the
+    time) and Dialogue exactly when it has quoted speech. The same story and seed give the same
+    request, in any process (random.Random seeded by a string is deterministic)."""
+    rng = random.Random(f"{seed}:{story}")
+    words = content_words(story)
+    request = {"words": tuple(rng.sample(words, min(3, len(words)))),
+               "features": ("Dialogue",) if re.search(r"\"[^\"]+\"", story) else (),
+               "sentence": None, "summary": None}
+    if (found := sentences(story)) and rng.random() < 0.5:
+        request["sentence"] = rng.choice(found)
+    return request
+
+
+def free_request(index, seed=0):
+    """Request number `index` of the free set: three words from COMMON_WORDS, nothing else."""
+    rng = random.Random(f"free:{seed}:{index}")
+    return {"words": tuple(rng.sample(COMMON_WORDS, 3)), "features": (), "sentence": None,
+            "summary": None}
+
+
+def uses_word(story, word):
+    """Whether the story uses `word` or a regular inflection of it (dog: dogs; jump: jumps,
+    jumped, jumping; smile: smiled, smiling; run: running; happy: happier). Irregular forms
+    (run: ran) do not count. The rule is the one every figure of step 17 uses."""
+    w = word.lower()
+    forms = {w, w + "s", w + "es", w + "ed", w + "d", w + "ing", w + "er", w + "est"}
+    forms |= {w + w[-1] + "ing", w + w[-1] + "ed", w + w[-1] + "er"}  # run -> running
+    if w.endswith("e"):
+        forms |= {w[:-1] + "ing"}  # smile -> smiling
+    if w.endswith("y"):
+        forms |= {w[:-1] + "ies", w[:-1] + "ied", w[:-1] + "ier", w[:-1] + "iest"}
+    return any(t in forms for t in re.findall(r"[a-z]+", story.lower()))
+
+
+def score_story(request, story):
+    """{"words": share of requested words used, "sentence": 1/0 or None (none asked),
+    "dialogue": 1 if quoted speech is present exactly when Dialogue was asked, else 0}."""
+    words = request["words"]
+    return {"words": sum(uses_word(story, w) for w in words) / len(words) if words else None,
+            "sentence": None if not request["sentence"] else float(request["sentence"] in story),
+            "dialogue": float(bool(re.search(r"\"[^\"]+\"", story))
+                              == ("Dialogue" in request["features"]))}
 
 
 def takes_requests(ckpt):
-    """True for a checkpoint fine-tuned to take requests."""
-    return bool(ckpt.get("train_config", {}).get("requests"))
+    """Whether a loaded checkpoint dict was fine-tuned on requests (train --requests)."""
+    return bool((ckpt.get("train_config") or {}).get("requests"))
+
+
+# ----- requests as training rows -----
+
+
+def request_row(request_ids, story_ids, eot_id, seq_len):
+    """One row of request + story + EOT, cut or padded to seq_len + 1 tokens, as x and y (T,).
+    y is -1 (the ignore index) where the target is a request token or padding: the loss counts
+    only the story and its closing EOT. x is padded with EOT.
+    request [7, 8], story [5, 6], eot 0, seq_len 5: ids 7 8 5 6 0 | x [7, 8, 5, 6, 0],
+    y [-1, 5, 6, 0, -1]"""
+    ids = (list(request_ids) + list(story_ids) + [eot_id])[: seq_len + 1]
+    targets = [-1] * (len(request_ids) - 1) + ids[len(request_ids):]
+    x = ids[:-1] + [eot_id] * (seq_len + 1 - len(ids))
+    y = (targets + [-1] * seq_len)[:seq_len]
+    return torch.tensor(x), torch.tensor(y)
+
+
+class RequestRows:
+    """Rows that each start at a record's beginning: x, y (N, T) int64, y = -1 off the story.
+    get_batch draws random rows as data.get_batch draws windows, from the loop's generator,
+    so a resumed run draws the same rows."""
+
+    def __init__(self, x, y, cut_tokens=0):
+        self.x, self.y, self.cut_tokens = x, y, cut_tokens  # cut: story tokens past the context
+
+    def __len__(self):
+        return len(self.x)
+
+    def get_batch(self, batch_size, seq_len, device=None, generator=None):
+        """(x, y) of batch_size random rows, each (B, seq_len) int64, on `device`."""
+        if seq_len != self.x.shape[1]:
+            raise ValueError(f"the rows hold {self.x.shape[1]} tokens, asked for {seq_len}")
+        i = torch.randint(len(self.x), (batch_size,), generator=generator)
+        return self.x[i].to(device), self.y[i].to(device)
+
+
+def story_ids(tokens, eot_id=0):
+    """A token file's stories, int64 ids without their EOT: [5, 6, 0, 7, 0] -> [5 6], [7]."""
+    ends = np.flatnonzero(np.asarray(tokens) == eot_id)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    return [np.asarray(tokens[s:e], dtype=np.int64) for s, e in zip(starts, ends, strict=True)
+            if e > s]
+
+
+def derived_records(tokens, tokenizer, seq_len, seed):
+    """(request, story ids) for each story of a token file, the request read off the part of
+    the story that fits behind it (the rest is cut, so asking for a word it never sees would
+    teach the model to ignore requests)."""
+    stories = story_ids(tokens)
+    fits = tokenizer.decode_batch([s[: seq_len - REQUEST_ROOM].tolist() for s in stories])
+    # the fitting part may end inside a word: read the request off whole words only
+    return [(derive_request(text.rsplit(" ", 1)[0], seed), ids)
+            for text, ids in zip(fits, stories, strict=True)]
+
+
+def instruct_records(source, tokenizer):
+    """{"train": [...], "valid": [...]} of (request, story ids) from TinyStories-Instruct:
+    "tinystories-instruct" (the Hub, through `datasets`) or the path of a local copy of its text
+    files (records between EOT lines; its last 5%, at most 1,000, held out). MAX_RECORDS at most."""
+    if source == "tinystories-instruct":
+        if not hub_reachable():
+            raise ConnectionError("cannot reach the Hugging Face Hub for TinyStories-Instruct: "
+                                  "use --requests derived, or a local copy of its text files")
+        import datasets
+        rows = datasets.load_dataset("roneneldan/TinyStoriesInstruct", split="train",
+                                     streaming=True)
+        lines = (row["text"] for row in rows)
+        texts = ("\n".join(run) for is_eot, run in
+                 itertools.groupby(lines, key=lambda t: t.strip() == EOT)
+                 if not is_eot)
+    else:
+        texts = file_stories(source)
+    records = {"train": [], "valid": []}
+    for i, (split, text) in enumerate(split_tail(texts, source)):
+        if i == MAX_RECORDS:
+            break
+        request, story = parse_record(text)
+        records[split].append((request, np.array(tokenizer.encode(story).ids)))
+    return records
+
+
+def request_rows(cfg, train_data, valid_data, seq_len):
+    """Step 10's loop calls this when --requests is set: RequestRows for train and valid.
+    --requests derived reads requests off the prepared stories; anything else is a
+    TinyStories-Instruct source (instruct_records)."""
+    tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
+    if cfg.requests == "derived":
+        records = {split: derived_records(data, tokenizer, seq_len, cfg.seed)
+                   for split, data in (("train", train_data), ("valid", valid_data))}
+    else:
+        records = instruct_records(cfg.requests, tokenizer)
+    return tuple(rows_of(records[split], tokenizer, seq_len) for split in ("train", "valid"))
+
+
+def rows_of(records, tokenizer, seq_len):
+    """RequestRows from (request, story ids) records; requests are rendered and tokenized apart
+    from their stories, as generate renders them."""
+    requests = tokenizer.encode_batch([render_request(**r) for r, _ in records])
+    eot_id = tokenizer.token_to_id(EOT)
+    pairs = [request_row(q.ids, s, eot_id, seq_len) for q, (_, s) in zip(requests, records,
+                                                                         strict=True)]
+    cut = sum(max(0, len(q.ids) + len(s) + 1 - (seq_len + 1))
+              for q, (_, s) in zip(requests, records, strict=True))
+    return RequestRows(torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs]), cut)
+
+
+# ----- LoRA -----
+
+
+class LoRALinear(nn.Linear):
+    """A frozen nn.Linear plus a trainable low-rank change: y = x W^T + b + (alpha/r)·x A^T B^T.
+    A (r, in) starts small and random, B (out, r) at zero, so training starts from the base
+    model exactly. weight and bias keep their names, so merged() is a plain Linear's state."""
+
+    def __init__(self, linear, rank, alpha):
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        self.weight, self.bias = linear.weight, linear.bias  # the same tensors, frozen
+        self.lora_a = nn.Parameter(torch.randn(rank, linear.in_features) / linear.in_features**0.5)
+        self.lora_b = nn.Parameter(torch.zeros(linear.out_features, rank))
+        self.register_buffer("lora_scale", torch.tensor(alpha / rank))
+
+    def forward(self, x):
+        low_rank = x @ self.lora_a.T @ self.lora_b.T  # (..., in) -> (..., r) -> (..., out)
+        return F.linear(x, self.weight, self.bias) + low_rank * self.lora_scale
+
+
+def add_lora(model, rank, alpha, state=None):
+    """Freeze every weight of `model` and put LoRALinear in place of each nn.Linear inside its
+    blocks (attention and MLP projections; the output head stays); `state`, a resumed run's
+    unmerged weights and adapters, is loaded into the result. Returns the model."""
+    if not isinstance(rank, int) or rank < 1 or not alpha > 0:
+        raise ValueError(f"LoRA needs --lora-rank >= 1 and --lora-alpha > 0, got {rank}, {alpha}")
+    model.requires_grad_(False)
+    heads = {id(m) for m in model.children()}
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and id(child) not in heads:
+                setattr(parent, name, LoRALinear(child, rank, alpha))
+    if state is not None:
+        model.load_state_dict(state)
+    return model
+
+
+def merged(state):
+    """A state_dict with LoRA adapters folded in: W + scale·B·A for each adapted weight, the
+    lora_* entries gone, so it loads into the plain model (generate, evaluate, export)."""
+    plain = {k: v for k, v in state.items() if not k.rsplit(".", 1)[-1].startswith("lora_")}
+    for key in state:
+        if key.endswith(".lora_a"):
+            stem = key[: -len("lora_a")]
+            delta = state[stem + "lora_b"] @ state[key] * state[stem + "lora_scale"]
+            plain[stem + "weight"] = state[stem + "weight"] + delta.to(state[stem + "weight"].dtype)
+    return plain
+
+
+def trainable(model):
+    """The number of weights that train (requires_grad)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# ----- measuring -----
+
+
+def measure(model, tokenizer, requests, max_new_tokens=200, seed=0, plain=False):
+    """Write a story for each request and score it; returns the mean of each score_story field
+    over the requests that ask for it, and the stories. plain=True prompts "Once upon a time"
+    instead of the request (the base model's chance rate)."""
+    from tiny_llm.generate import DEFAULTS, complete
+    from tiny_llm.kvcache import KVCache
+    generator = torch.Generator().manual_seed(seed)
+    cache = KVCache(model.config, device=next(model.parameters()).device)
+    scores, stories = [], []
+    for request in requests:
+        prompt = "Once upon a time" if plain else render_request(**request)
+        text = complete(model, tokenizer, prompt, max_new_tokens, generator, cache=cache,
+                        **DEFAULTS)
+        story = text[len(prompt):] if not plain else text
+        scores.append(score_story(request, story))
+        stories.append(story)
+    means = {k: [s[k] for s in scores if s[k] is not None] for k in scores[0]}
+    return {k: sum(v) / len(v) if v else None for k, v in means.items()}, stories
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Step 17: requests, masked rows and LoRA.")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    args = parser.parse_args()
+    from dataclasses import replace
+
+    from tiny_llm.data import ensure_data
+    from tiny_llm.gpt import GPT, PRESETS
+    ensure_data(args.data_dir)
+    tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
+    valid = load_token_array(args.data_dir / "valid.bin")
+    request, ids = derived_records(valid, tokenizer, 128, seed=0)[0]
+    prompt = render_request(**request)
+    print("a request read off the first validation story:")
+    print(prompt, end="")
+    q = tokenizer.encode(prompt).ids
+    x, y = request_row(q, ids, 0, 128)
+    print(f"{'row':<12} {len(q)} request tokens (targets -1), {int((y >= 0).sum())} story "
+          f"targets, {int((y == -1).sum()) - len(q) + 1} padding")
+    print(f"{'round trip':<12} {parse_record(prompt + 'Once.') == (request, 'Once.')}")
+    torch.manual_seed(0)
+    model = GPT(replace(PRESETS["cpu"], vocab_size=tokenizer.get_vocab_size()))
+    full = trainable(model)
+    add_lora(model, 8, 16.0)
+    for m in model.modules():  # pretend training moved B, so the merge has something to do
+        if isinstance(m, LoRALinear):
+            nn.init.normal_(m.lora_b, std=0.02)
+    plain = GPT(model.config)
+    plain.load_state_dict(merged(model.state_dict()))
+    idx = torch.randint(model.config.vocab_size, (2, 16))
+    gap = (plain(idx)[0] - model(idx)[0]).abs().max().item()
+    print(f"{'trainable':<12} full {full:,}, LoRA rank 8 {trainable(model):,} "
+          f"({trainable(model) / full:.1%})")
+    print(f"{'merge':<12} plain model vs adapted: max |logit difference| {gap:.1e}")
+    scores = score_story(request, tokenizer.decode(ids.tolist()))
+    print(f"{'scores':<12} {scores} (the story itself)")
+
+
+if __name__ == "__main__":
+    main()

@@ -83,6 +83,10 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model: faster steps after a compile of a minute
     seed: int = 1337
     data_dir: str = str(DATA_DIR)
+    init_from: str | None = None  # step 17: start from this checkpoint's weights (fine-tuning)
+    requests: str | None = None  # step 17: request rows: derived, or TinyStories-Instruct
+    lora_rank: int = 0  # step 17: > 0 trains LoRA adapters of this rank, the model frozen
+    lora_alpha: float = 16.0  # step 17: the adapters' scale is lora_alpha / lora_rank
 
     def __post_init__(self):
         """Checked once, when the config is made: a clear error for a setting that cannot work."""
@@ -197,10 +201,15 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     seed_everything(cfg.seed)
     if ckpt:
         model = model_from_state(ckpt)  # the whole model, before step 16 shards it
+    elif cfg.init_from:  # step 17: fine-tune a trained model
+        model = model_from_state(load_checkpoint(cfg.init_from, data_dir=cfg.data_dir))
     else:
         cls = model_class(cfg.model)
         model = cls(replace(cls.presets[cfg.preset], vocab_size=meta["vocab_size"],
                             dropout=cfg.dropout))
+    if cfg.lora_rank:  # step 17 (imported by its flag): adapters train, the model is frozen
+        from tiny_llm.instruct import add_lora
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, ckpt and ckpt["adapters"])
     model = parallel.wrap(model.to(device))  # then compile what DDP or FSDP2 made
     if cfg.compile:
         model.compile()  # in place: the state_dict keeps its names
@@ -290,6 +299,9 @@ def train_in_folder(cfg, parallel):
                                                                        ckpt_path, parallel)
     gpt = parallel.unwrap(model)
     train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
+    if cfg.requests:  # step 17 (imported by its flag): rows of a request and its story
+        from tiny_llm.instruct import request_rows
+        train_data, valid_data = request_rows(cfg, train_data, valid_data, gpt.config.max_seq_len)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
     print_setup(cfg, meta, gpt, device, tokens_per_step, parallel.world_size)
     if parallel.rank == 0:  # standard error: machine facts, like the progress bar
