@@ -79,12 +79,14 @@ def test_a_diff_that_does_not_fit_names_the_chapter_and_the_lines(tmp_path, monk
         apply({"embed.py": "x = 1\n"}, 5)
 
 
-def test_workalong_state_refuses_a_step_that_does_not_exist(capsys):
+def test_workalong_state_refuses_a_step_that_does_not_exist(capsys, tmp_path):
     from tiny_llm import workalong
 
+    last = len(buildup.STEPS)
     with pytest.raises(SystemExit):
-        workalong.main(["--state", "18", "--out", "unused"])
-    assert "no step '18'" in capsys.readouterr().err
+        workalong.main(["--state", str(last + 1), "--out", str(tmp_path / "unused")])
+    assert f"no step '{last + 1}'" in capsys.readouterr().err
+    assert not (tmp_path / "unused").exists()
 
 
 @pytest.fixture(scope="module")
