@@ -337,7 +337,7 @@ def train_in_folder(cfg, parallel):
             bar.set_postfix_str(f"loss {loss:.3f}, lr {lr:.2e}, "
                                 f"{records[-1]['tokens_per_s']:,.0f} tok/s")
             if bar.disable and parallel.rank == 0 and records[-1]["time_s"] >= note_at:
-                note_at += PROGRESS_EVERY_S  # no bar (a log file, a pipe): a line now and then
+                note_at = records[-1]["time_s"] + PROGRESS_EVERY_S  # no bar: a line now and then
                 print(progress_line(records[-1], plan or cfg.max_steps), file=sys.stderr,
                       flush=True)
             evaluate = step % cfg.eval_interval == 0 or step == end
