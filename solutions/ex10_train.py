@@ -10,13 +10,14 @@ from dataclasses import replace
 
 import torch
 
-from tiny_llm.budget import budget_steps, pace_steps
+from tiny_llm.budget import budget_steps
 from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.train import TrainConfig, lr_at, param_groups
 
 # The pace of chapter 10's recorded main job on the course's 2-core CPU, from its budget line
 # "235 ms per step and 1.3 s per evaluation after 26.1 s" (the 100 warmup updates).
+RECORDED_STEP = 100  # where the record priced its budget: the pace held from there on
 RECORDED_PACE = {"seconds": 26.1, "step_seconds": 0.235, "eval_seconds": 1.3}
 
 
@@ -73,10 +74,10 @@ def exercise_4_accumulation_is_a_mean():
 
 def default_run_steps(cfg=None):
     """The step count the default run's time budget fixes at the recorded pace, computed as
-    tiny_llm.train computes it: budget_steps after the pace_steps(cfg) warmup updates.
+    tiny_llm.train computes it: budget_steps at the pace the record measured by step 100.
     Today's 540-s budget: 100 + (540 - 26.1 - 1.3) / (0.235 + 1.3 / 200) = 2,222 steps."""
     cfg = cfg or TrainConfig()
-    return budget_steps(cfg, pace_steps(cfg), **RECORDED_PACE)
+    return budget_steps(cfg, RECORDED_STEP, **RECORDED_PACE)
 
 
 def lr_schedule(cfg):
@@ -85,7 +86,7 @@ def lr_schedule(cfg):
         raise ValueError(f"a schedule needs its step count, got max_steps={cfg.max_steps} (a "
                          "budgeted run fixes it as it goes): pass --steps N from its budget line")
     decay_steps = cfg.lr_decay_steps or cfg.max_steps
-    return [lr_at(s, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
+    return [lr_at(s, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps, cfg.cooldown)
             for s in range(cfg.max_steps)]
 
 
@@ -104,7 +105,9 @@ def plot_lr_schedule(path, cfg=None):
     ax.axvline(cfg.warmup_steps, color="grey", linestyle=":", label="end of warmup")
     ax.axhline(cfg.min_lr, color="grey", linestyle="--", label=f"min_lr {cfg.min_lr:g}, the floor")
     ax.set(xlabel="step", ylabel="learning rate",
-           title=f"linear warmup to {cfg.lr:g}, then cosine decay over {cfg.max_steps:,} steps")
+           title=f"linear warmup to {cfg.lr:g}, held, then down to {cfg.min_lr:g} over the last "
+                 f"{cfg.cooldown:.0%} of {cfg.max_steps:,} steps" if cfg.cooldown else
+                 f"linear warmup to {cfg.lr:g}, then cosine decay over {cfg.max_steps:,} steps")
     ax.legend()
     fig.tight_layout()
     save_figure(fig, path, dpi=100)

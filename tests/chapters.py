@@ -136,6 +136,49 @@ def commands(block):
     return console_commands(block.body, block.where)
 
 
+def command_modules(command, files):
+    """The tiny_llm modules (names) a console command runs, imported directly or through each
+    other, given the package `files` ({file name: text}); None when the command's entry cannot
+    be read (the caller then assumes the worst). `python -m tiny_llm.x`, `python -m solutions.y`,
+    `python scripts/z.py`, `python -c CODE` and torchrun's `... -m tiny_llm.x` are read."""
+    import shlex
+
+    from tiny_llm import buildup
+
+    argv = shlex.split(command)[3:]
+    if "torch.distributed.run" in argv[:2]:
+        argv = argv[2:]
+        while argv and argv[0] != "-m" and not argv[0].endswith(".py"):
+            argv = argv[1:]
+    if len(argv) < 2 and not (argv and argv[0].endswith(".py")):
+        return None
+    if argv[0] == "-m" and argv[1].startswith("tiny_llm."):
+        return buildup.imports(files, argv[1].split(".")[1])
+    if argv[0] == "-c":
+        source = argv[1]
+    else:
+        path = ROOT / (argv[1].replace(".", "/") + ".py" if argv[0] == "-m" else argv[0])
+        if not path.is_file():
+            return None
+        source = path.read_text()
+    return buildup.imports({**files, "__entry__.py": source}, "__entry__") - {"__entry__"}
+
+
+def same_at_head(block):
+    """Whether every tiny_llm module the block's commands run is byte-identical at the block's
+    step and at the repository's head: then one run proves the block at both."""
+    from tiny_llm import buildup
+
+    at_step, head = buildup.state(chapter_step(block.chapter)), buildup.finished()
+    for command, _ in commands(block):
+        names = [command_modules(command, files) for files in (at_step, head)]
+        if None in names:
+            return False
+        if any(at_step.get(f"{n}.py") != head.get(f"{n}.py") for n in names[0] | names[1]):
+            return False
+    return True
+
+
 # A warm interpreter for the console commands. Every command is a fresh Python process, as a
 # learner's is, but a fresh interpreter spends about 4 s of CPU importing torch (and
 # torch._dynamo, which the first optimizer loads) before the command's own work starts: most of

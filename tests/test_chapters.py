@@ -12,12 +12,14 @@ from chapters import (
     ROOT,
     chapter_step,
     chapters,
+    command_modules,
     commands,
     console_blocks,
     line_matches,
     missing_piece,
     output_matches,
     run_python,
+    same_at_head,
     source_blocks,
 )
 
@@ -54,17 +56,40 @@ def run_command(command, work, data_dir, warm_python=None):
 def test_console_block_matches_a_real_run(block, sample_data_dir, tmp_path, warm_python):
     """The commands of one block run in order in one scratch folder, as a learner types them,
     with the package as it stands at the chapter's step (`python -m` finds the folder's own
-    tiny_llm/ first): what chapter 04 shows is what step 04's code prints."""
-    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
-    (tmp_path / "steps").symlink_to(ROOT / "steps")
-    buildup.write_state(chapter_step(block.chapter), tmp_path)
+    tiny_llm/ first): what chapter 04 shows is what step 04's code prints. A reader runs the
+    repository's head, so the block must print the same there: where every tiny_llm module its
+    commands import is byte-identical at the step and at the head (same_at_head), the one run
+    proves both; otherwise the block runs a second time, on the head's package."""
+    packages = [("its step's state", None)]
+    if not same_at_head(block):
+        packages.append(("the repository's head", ROOT / "tiny_llm"))
     rtol = float(block.options["rtol"]) if "rtol" in block.options else None
-    for command, expected in commands(block):
-        actual = run_command(command, tmp_path, sample_data_dir, warm_python).splitlines()
-        assert output_matches(actual, expected, rtol), (
-            f"{block.where}: `{command}` printed\n" + "\n".join(actual)
-            + "\n\nbut the chapter expects\n" + "\n".join(expected)
-        )
+    for where, package in packages:
+        work = tmp_path / ("head" if package else "state")
+        work.mkdir()
+        (work / "scripts").symlink_to(ROOT / "scripts")
+        (work / "steps").symlink_to(ROOT / "steps")
+        if package:
+            (work / "tiny_llm").symlink_to(package)
+        else:
+            buildup.write_state(chapter_step(block.chapter), work)
+        for command, expected in commands(block):
+            actual = run_command(command, work, sample_data_dir, warm_python).splitlines()
+            assert output_matches(actual, expected, rtol), (
+                f"{block.where}: `{command}` at {where} printed\n" + "\n".join(actual)
+                + "\n\nbut the chapter expects\n" + "\n".join(expected)
+            )
+
+
+def test_a_block_runs_again_at_the_head_only_where_its_modules_differ():
+    """same_at_head reads the modules a command imports: step 15's `tiny_llm.modern` check and
+    step 16's `tiny_llm.scale` are the head's own; step 10's train gains step 13-16's changes."""
+    by_chapter = {b.chapter.name[:2]: b for b in reversed(console_blocks())}
+    assert same_at_head(by_chapter["17"])  # the last step is the head
+    assert not same_at_head(next(b for b in console_blocks() if b.chapter.name.startswith("10")
+                                 and "tiny_llm.train" in b.body))
+    assert command_modules("uv run python -m tiny_llm.gpt", buildup.finished()) >= {
+        "gpt", "embed", "block"}
 
 
 def test_output_matching_rules_can_fail():

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import tiny_llm.budget as budget_module
 import tiny_llm.train as train_module
 from solutions import ex10_train
 from tiny_llm.budget import budget_steps, pace_steps, parse_duration
 from tiny_llm.checkpoint import load_checkpoint, save_checkpoint
 from tiny_llm.data import load_token_array
 from tiny_llm.gpt import GPT, PRESETS
+from tiny_llm.muon import muon_momentum
 from tiny_llm.train import TrainConfig, accumulate_gradients, lr_at, param_groups, train
 
 STEPS = 6
@@ -47,6 +49,18 @@ def test_lr_warms_up_linearly_then_decays_on_a_cosine_to_the_floor():
     assert lr[550] == pytest.approx(5.5e-4)  # halfway down the cosine: halfway between
     assert lr[1000] == lr[1199] == pytest.approx(1e-4)
     assert all(a >= b for a, b in zip(lr[99:], lr[100:], strict=False))
+
+
+def test_lr_holds_the_peak_then_falls_in_a_line_to_the_floor():
+    """Warmup-stable-decay, the default (cooldown 0.4): the peak until the last 40%, then a line
+    reaching min_lr at the last step; and Muon's momentum rises from 0.85 to 0.95."""
+    lr = [lr_at(s, 1e-3, 1e-4, 100, 1000, cooldown=0.4) for s in range(1000)]
+    assert lr[0] == pytest.approx(1e-5) and lr[99] == lr[599] == pytest.approx(1e-3)
+    assert lr[799] == pytest.approx(5.5e-4) and lr[999] == pytest.approx(1e-4)
+    assert [muon_momentum(s, 200) for s in (0, 100, 200, 900)] == pytest.approx(
+        [0.85, 0.90, 0.95, 0.95])
+    with pytest.raises(ValueError, match="cooldown is the fraction of the run spent decaying"):
+        TrainConfig(cooldown=1.5)
 
 
 def test_weight_decay_goes_to_matrices_only_and_the_tied_matrix_once():
@@ -207,8 +221,8 @@ class FakeClock:
 
 
 def budgeted(data_dir, out, **changes):
-    return config(data_dir, out, max_steps=0, time_budget=1.0, warmup_steps=5,
-                  eval_interval=50, **changes)
+    return config(data_dir, out, **{"max_steps": 0, "time_budget": 1.0, "warmup_steps": 5,
+                                    "eval_interval": 50, **changes})
 
 
 def test_durations_read_as_seconds():
@@ -220,7 +234,7 @@ def test_durations_read_as_seconds():
 def test_the_budget_buys_the_steps_that_fit_with_their_evaluations():
     cfg = TrainConfig(time_budget=600, eval_interval=200)
     assert budget_steps(cfg, 20, seconds=10, step_seconds=0.2, eval_seconds=2) == 2820
-    assert budget_steps(replace(cfg, max_steps=500), 20, 10, 0.2, 2) == 500  # never past it
+    assert budget_steps(cfg, 20, 10, 0.2, 2, cap=500) == 500  # never past a --max-steps
     assert budget_steps(cfg, 20, seconds=700, step_seconds=0.2, eval_seconds=2) == 20
 
 
@@ -256,3 +270,53 @@ def test_a_budgeted_run_resumes_exactly(sample_data_dir, tmp_path, monkeypatch):
                          warmup_steps=5, eval_interval=50))  # no budget, the same step count
     assert resumed["step"] == plain["step"] == steps
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
+
+
+class LoadedClock(FakeClock):
+    """A FakeClock whose readings slow to `slower` times the pace after `after` readings, as
+    when other work starts beside a run: the re-priced plan must still end on time."""
+
+    def __init__(self, after, slower):
+        super().__init__()
+        self.readings, self.after, self.slower = 0, after, slower
+
+    def perf_counter(self):
+        self.readings += 1
+        self.now += 0.01 * (self.slower if self.readings > self.after else 1)
+        return self.now
+
+
+def test_a_budget_re_prices_when_the_machine_slows_and_ends_on_time(sample_data_dir, tmp_path,
+                                                                    monkeypatch, capsys):
+    """The pace triples a third of the way in: the plan shrinks, the run ends within 3% of its
+    budget, the log and the console say how the plan changed, and a run without a progress bar
+    prints progress lines to standard error (no real time is measured: the clock is fake)."""
+    monkeypatch.setattr(train_module, "time", LoadedClock(after=90, slower=3))
+    monkeypatch.setattr(train_module, "PROGRESS_EVERY_S", 0.5)
+    monkeypatch.setattr(train_module, "REPRICE_EVERY", 2)  # a short run: price it often
+    monkeypatch.setattr(budget_module, "PACE_WINDOW", 6)
+    cfg = budgeted(sample_data_dir, tmp_path, time_budget=2.0)
+    result = train(cfg)
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    plans = [r["plan"] for r in records if "plan" in r]
+    assert len(plans) >= 2 and plans[-1] < plans[0] * 0.9  # priced again, and shorter
+    assert plans[-1] == result["step"] == load_checkpoint(tmp_path / "ckpt.pt")[
+        "train_config"]["max_steps"]
+    assert cfg.time_budget * 0.9 <= result["time_s"] <= cfg.time_budget * 1.03
+    out, err = capsys.readouterr()
+    assert f"so {plans[-1]:,} steps, was {plans[-2]:,}" in out
+    assert "progress     step 17 of 65  loss" in err  # 0.5 s of the fake clock: 17 steps
+    assert records[-1]["lr"] < cfg.min_lr + 0.2 * (cfg.lr - cfg.min_lr)  # decayed all the same
+
+
+def test_a_budget_too_short_for_its_warmup_shrinks_the_warmup(sample_data_dir, tmp_path,
+                                                               monkeypatch, capsys):
+    monkeypatch.setattr(train_module, "time", FakeClock())
+    cfg = budgeted(sample_data_dir, tmp_path, warmup_steps=100)  # 1 s: about 33 steps of 30 ms
+    result = train(cfg)
+    saved = load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    assert saved["warmup_steps"] == 10 < result["step"] <= 36
+    assert ("1 s is too short for the 100-step warmup: the warmup shrinks to 10 steps of the"
+            in capsys.readouterr().out)
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert max(lrs) == pytest.approx(cfg.lr) and lrs[-1] < 0.1 * cfg.lr  # up, and down again

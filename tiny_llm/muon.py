@@ -76,8 +76,8 @@ def muon_groups(model, weight_decay):
 
 
 def muon_momentum(step, warmup_steps, start=0.85, end=0.95):
-    """Muon's momentum at update `step`: a line from `start` to `end` over warmup_steps (step 15).
-    warmup_steps 300: step 0 -> 0.85, 150 -> 0.90, 300 and on -> 0.95."""
+    """Muon's momentum at update `step`: a line from `start` to `end` over warmup_steps.
+    warmup_steps 200: step 0 -> 0.85, 100 -> 0.90, 200 and on -> 0.95."""
     return start + (end - start) * min(1.0, step / warmup_steps)
 
 

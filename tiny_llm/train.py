@@ -1,8 +1,9 @@
 """Step 10: training the GPT, with checkpoints that resume exactly.
 
 The loop: draw a batch from train.bin, predict every next token, measure the cross-entropy,
-follow its gradient with AdamW, repeat. Around it: learning-rate warmup and cosine decay, gradient
-clipping and accumulation, evaluations, a log, and a checkpoint that resumes exactly (every RNG).
+follow its gradient with Muon and AdamW, repeat. Around it: a learning-rate warmup, a stable peak and
+a decay, gradient clipping and accumulation, evaluations, a log, progress, a time budget, and a
+checkpoint that resumes exactly (every RNG).
 
 Run the main job:  uv run python -m tiny_llm.train      (prepares data first if there is none)
 A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 --out runs/demo
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tiny_llm.budget import fit_budget, pace_steps, parse_duration
+from tiny_llm.budget import REPRICE_EVERY, pace_steps, parse_duration, plan_budget
 from tiny_llm.checkpoint import (
     explain_failed_save,
     load_checkpoint,
@@ -68,9 +69,9 @@ class TrainConfig:
     batch_size: int = 16  # windows of max_seq_len tokens per micro-batch
     grad_accum: int = 1  # micro-batches per update: the update sees batch_size·grad_accum windows
     lr: float = 5e-3  # peak learning rate, reached at the end of warmup
-    min_lr: float = 0.0  # the floor the cosine decays to
+    min_lr: float = 0.0  # the floor the learning rate decays to
     warmup_steps: int = 100
-    lr_decay_steps: int = 0  # where the cosine reaches min_lr (0: at max_steps)
+    lr_decay_steps: int = 0  # where the decay reaches min_lr (0: at max_steps)
     cooldown: float = 0.4  # > 0: hold the peak, then straight down over this last fraction
     momentum_warmup: int = 200  # > 0: Muon's momentum rises from 0.85 to 0.95 over these steps
     weight_decay: float = 0.1
@@ -140,11 +141,11 @@ def check_resume_settings(cfg, saved, path):
 
 
 def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps, cooldown=0.0):
-    """Learning rate for update number `step` (0-based): linear warmup, then cosine to min_lr.
-    max_lr=1e-3, min_lr=1e-4, warmup 100, decay 1000: step 0 -> 1e-5, step 99 -> 1e-3,
-    step 550 (halfway down) -> 5.5e-4, step 1000 and later -> 1e-4.
-    cooldown > 0 (step 15): the peak, then a line reaching min_lr at the last step over that last
-    fraction (cooldown 0.4, decay 1000: 1e-3 up to step 600, 5.5e-4 at 799, 1e-4 at 999).
+    """Learning rate for update number `step` (0-based): linear warmup, then the decay.
+    cooldown > 0, warmup-stable-decay: the peak, then a line reaching min_lr at the last step over
+    that last fraction (max_lr=1e-3, min_lr=1e-4, warmup 100, decay 1000, cooldown 0.4:
+    step 0 -> 1e-5, 1e-3 from step 99 to 599, 5.5e-4 at 799, 1e-4 at 999).
+    cooldown 0: a cosine from the peak to min_lr (step 550, halfway down, -> 5.5e-4).
     """
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
@@ -235,7 +236,7 @@ def update_weights(model, optimizer, data, cfg, device, generator, lr, step, par
     """One optimizer update at learning rate `lr`; returns the mean loss of its micro-batches."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-        if group.get("muon") and cfg.momentum_warmup:  # step 15: a lighter momentum at first
+        if group.get("muon") and cfg.momentum_warmup:  # a lighter momentum while Muon starts
             group["momentum"] = muon_momentum(step, cfg.momentum_warmup)
     loss = accumulate_gradients(model, data, cfg, device, generator, parallel, scaler)
     if not math.isfinite(loss):  # checked before the step, so the weights stay finite
@@ -260,6 +261,16 @@ def first_record(model, train_data, valid_data, cfg, device):
     return {**record, "val_loss": estimate_loss(model, valid_data, cfg, device),
             "eval_s": time.perf_counter() - t0, "lr": 0.0, "tokens": 0, "tokens_per_s": 0.0,
             "time_s": 0.0}
+
+
+PROGRESS_EVERY_S = 30  # without a progress bar, a line on standard error this often
+
+
+def progress_line(r, total):
+    """A progress line for a run without a bar: step 120 of 2,222  loss 4.123  lr 5.00e-03."""
+    of = f" of {total:,}" if total else ""
+    return (f"{'progress':<12} step {r['step']:,}{of}  loss {r['train_loss']:.3f}  "
+            f"lr {r['lr']:.2e}  {r['tokens_per_s']:,.0f} tok/s  {r['time_s']:.0f} s")
 
 
 def eval_line(r):
@@ -310,14 +321,20 @@ def train_in_folder(cfg, parallel):
     watch = BusyWatch(threads, device.type == "cpu")
     check_batch_fits(gpt.config, cfg.batch_size, cfg.grad_accum, device)  # before any step
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
-    pacing = cfg.time_budget > 0 and step < pace_steps(cfg) < (cfg.max_steps or math.inf)  # open
+    plans = [r for r in records if "plan" in r]  # a resumed budget run goes on re-pricing
+    planned = plans and plans[-1]["plan"] == cfg.max_steps  # else --max-steps was given again
+    cap = plans[-1]["plan_cap"] if planned else cfg.max_steps  # a budget never runs past it
+    budgeted = cfg.time_budget > 0 and pace_steps(cfg) < (cap or math.inf)
+    plan, since = cfg.max_steps if planned else None, step  # the pace: from `since` on
+    note_at = PROGRESS_EVERY_S + (records[-1]["time_s"] if records else 0.0)
+    end = (plan or cap or math.inf) if budgeted else cfg.max_steps
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
                disable=None if parallel.rank == 0 else True)
     with stop_on_ctrl_c() as stop, kept_memory(device.type == "cpu"):  # step 13 explains it
         if step == 0:
             records.append(first_record(gpt, train_data, valid_data, cfg, device))
             tqdm.write(eval_line(records[-1]), file=sys.stdout)
-        while pacing or step < cfg.max_steps:
+        while step < end:
             decay_steps = cfg.lr_decay_steps or cfg.max_steps
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps, cfg.cooldown)
             t0 = time.perf_counter()
@@ -329,16 +346,27 @@ def train_in_folder(cfg, parallel):
             records.append({"step": step, "train_loss": loss, "lr": lr, "tokens": step *
                             tokens_per_step, "time_s": time.perf_counter() - clock,
                             "tokens_per_s": tokens_per_step / (time.perf_counter() - t0)})
-            if pacing and step == pace_steps(cfg):  # fix the step count from the pace so far
-                pacing, cfg = False, fit_budget(cfg, step, records)
-                cfg = replace(cfg, max_steps=round(parallel.mean(cfg.max_steps)))  # ranks agree
-                bar.total = cfg.max_steps
+            if budgeted and (step % REPRICE_EVERY == 0 and step > since + 2
+                             or plan is None and step >= pace_steps(cfg)):  # price the rest
+                cfg, new = plan_budget(cfg, step, records, plan, since, cap, agree=parallel.mean)
+                if new != plan:  # the log says how the plan changed, step by step
+                    plan, end = new, new
+                    if plan != cap:  # the budget, not --max-steps, ends the run
+                        records[-1].update(plan=plan, plan_cap=cap)
+                    cfg = replace(cfg, max_steps=plan)  # saved: the decay ends here
+                    bar.total = plan
             bar.update()
             bar.set_postfix_str(f"loss {loss:.3f}, lr {lr:.2e}, "
                                 f"{records[-1]['tokens_per_s']:,.0f} tok/s")
-            evaluate = step % cfg.eval_interval == 0 or step == cfg.max_steps
+            if bar.disable and parallel.rank == 0 and records[-1]["time_s"] >= note_at:
+                note_at = records[-1]["time_s"] + PROGRESS_EVERY_S  # no bar: a line now and then
+                print(progress_line(records[-1], plan or cfg.max_steps), file=sys.stderr,
+                      flush=True)
+            evaluate = step % cfg.eval_interval == 0 or step == end
             if evaluate:
+                t_eval = time.perf_counter()
                 records[-1]["val_loss"] = estimate_loss(gpt, valid_data, cfg, device)
+                records[-1]["eval_s"] = time.perf_counter() - t_eval  # the budget prices it
                 tqdm.write(eval_line(records[-1]), file=sys.stdout)
             if evaluate or stop.is_set():
                 with explain_failed_save(ckpt_path, step, resume_command(cfg)):
