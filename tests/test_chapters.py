@@ -85,7 +85,7 @@ def test_a_block_runs_again_at_the_head_only_where_its_modules_differ():
     """same_at_head reads the modules a command imports: step 15's `tiny_llm.modern` check and
     step 16's `tiny_llm.scale` are the head's own; step 10's train gains step 13-16's changes."""
     by_chapter = {b.chapter.name[:2]: b for b in reversed(console_blocks())}
-    assert same_at_head(by_chapter["17"])  # the last step is the head
+    assert same_at_head(by_chapter[f"{len(buildup.STEPS):02d}"])  # the last step is the head
     assert not same_at_head(next(b for b in console_blocks() if b.chapter.name.startswith("10")
                                  and "tiny_llm.train" in b.body))
     assert command_modules("uv run python -m tiny_llm.gpt", buildup.finished()) >= {

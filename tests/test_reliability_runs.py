@@ -294,15 +294,15 @@ def test_a_sample_is_printed_while_it_is_made(writer, monkeypatch):
 
 
 def test_ctrl_c_keeps_what_was_made_and_exits_130(sample_data_dir, monkeypatch, capsys):
-    real_generate, made = generate_module.generate, []
+    real_sample_tokens = generate_module.sample_tokens
 
-    def ctrl_c_at_the_sixth_token(*args, **kwargs):
-        made.append(1)
-        if len(made) == 6:
-            raise KeyboardInterrupt
-        return real_generate(*args, **kwargs)
+    def ctrl_c_at_the_sixth_token(*args, **kwargs):  # the command samples through this
+        for made, token in enumerate(real_sample_tokens(*args, **kwargs), 1):
+            if made == 6:
+                raise KeyboardInterrupt
+            yield token
 
-    monkeypatch.setattr(generate_module, "generate", ctrl_c_at_the_sixth_token)
+    monkeypatch.setattr(generate_module, "sample_tokens", ctrl_c_at_the_sixth_token)
     monkeypatch.setattr(sys, "argv", ["generate", "--max-new-tokens", "1000", "--temperature",
                                       "0", "--data-dir", str(sample_data_dir)])
     with pytest.raises(SystemExit) as stopped:
@@ -469,9 +469,14 @@ def test_resume_of_an_imported_checkpoint_says_it_holds_weights_only(saved_run, 
 
 def test_resume_refuses_a_training_setting_it_does_not_know_and_fills_a_new_one(
         saved_run, tmp_path, monkeypatch):
-    out = saved_with(saved_run, tmp_path, lambda s: s["train_config"].update(lora_rank=8))
-    with pytest.raises(SystemExit, match=r"has the training settings lora_rank, which this "
+    out = saved_with(saved_run, tmp_path, lambda s: s["train_config"].update(warp_factor=8))
+    with pytest.raises(SystemExit, match=r"has the training settings warp_factor, which this "
                                          r"tiny-llm does not know"):
+        resume_main(out, monkeypatch)
+    # a LoRA run whose adapters were cut out of the file is refused by name, not a KeyError
+    out = saved_with(saved_run, tmp_path / "lora", lambda s: s["train_config"].update(lora_rank=8))
+    with pytest.raises(SystemExit, match=r"was a LoRA run \(lora_rank 8\) but holds no "
+                                         r"'adapters' to resume"):
         resume_main(out, monkeypatch)
     # a setting added to TrainConfig after the run was saved takes its default
     out = saved_with(saved_run, tmp_path / "b", lambda s: s["train_config"].pop("cooldown"))

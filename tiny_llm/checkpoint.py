@@ -192,6 +192,10 @@ def check_training_state(ckpt, path):
         raise ValueError(f"{path} has no training state to resume ({', '.join(missing)} "
                          f"missing): {made}. --resume continues a run that tiny_llm.train saved; "
                          "pass the --out of such a run")
+    if ckpt["train_config"].get("lora_rank") and not isinstance(ckpt.get("adapters"), dict):
+        raise ValueError(f"{path} was a LoRA run (lora_rank {ckpt['train_config']['lora_rank']}) "
+                         "but holds no 'adapters' to resume: the file was edited or damaged; "
+                         "fine-tune again, or pass --init-from to start from its merged weights")
 
 
 def check_tokenizer(ckpt, data_dir=DATA_DIR, path="the checkpoint"):
