@@ -164,6 +164,23 @@ def command_modules(command, files):
     return buildup.imports({**files, "__entry__.py": source}, "__entry__") - {"__entry__"}
 
 
+# Steps 04 to 10 are played whole by tests/test_learner_path.py: each state is built by the
+# type-along from the chapter's own code, its step's tests run there, and so do the chapter's
+# checks (workalong.check_blocks). Other tests leave out what that one proves.
+PLAYED = range(4, 11)
+
+
+def learner_checked(block):
+    """Whether test_learner_path runs this console block at its step's state."""
+    from tiny_llm import workalong
+
+    step = chapter_step(block.chapter)
+    if step not in PLAYED:
+        return False
+    mine = [command for command, _ in commands(block)]
+    return any([c for c, _ in pairs] == mine for pairs in workalong.check_blocks(step))
+
+
 def same_at_head(block):
     """Whether every tiny_llm module the block's commands run is byte-identical at the block's
     step and at the repository's head: then one run proves the block at both."""

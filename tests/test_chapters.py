@@ -15,6 +15,7 @@ from chapters import (
     command_modules,
     commands,
     console_blocks,
+    learner_checked,
     line_matches,
     missing_piece,
     output_matches,
@@ -52,7 +53,17 @@ def run_command(command, work, data_dir, warm_python=None):
     return proc.stdout
 
 
-@pytest.mark.parametrize("block", console_blocks(), ids=lambda b: b.where)
+def places(block):
+    """Where a console block must run: at its step's state, unless test_learner_path runs it
+    there (steps 04-10), and again at the head where its modules differ from the state's."""
+    where = [] if learner_checked(block) else [("its step's state", None)]
+    if not same_at_head(block):
+        where.append(("the repository's head", ROOT / "tiny_llm"))
+    return where
+
+
+@pytest.mark.parametrize("block", [b for b in console_blocks() if places(b)],
+                         ids=lambda b: b.where)
 def test_console_block_matches_a_real_run(block, sample_data_dir, tmp_path, warm_python):
     """The commands of one block run in order in one scratch folder, as a learner types them,
     with the package as it stands at the chapter's step (`python -m` finds the folder's own
@@ -60,9 +71,7 @@ def test_console_block_matches_a_real_run(block, sample_data_dir, tmp_path, warm
     repository's head, so the block must print the same there: where every tiny_llm module its
     commands import is byte-identical at the step and at the head (same_at_head), the one run
     proves both; otherwise the block runs a second time, on the head's package."""
-    packages = [("its step's state", None)]
-    if not same_at_head(block):
-        packages.append(("the repository's head", ROOT / "tiny_llm"))
+    packages = places(block)
     rtol = float(block.options["rtol"]) if "rtol" in block.options else None
     for where, package in packages:
         work = tmp_path / ("head" if package else "state")
@@ -90,6 +99,18 @@ def test_a_block_runs_again_at_the_head_only_where_its_modules_differ():
                                  and "tiny_llm.train" in b.body))
     assert command_modules("uv run python -m tiny_llm.gpt", buildup.finished()) >= {
         "gpt", "embed", "block"}
+
+
+def test_the_learner_path_runs_exactly_the_state_blocks_left_out_here():
+    """Steps 04-10's state runs are test_learner_path's: every block workalong checks there, and
+    nothing of another step, so no block goes unchecked at its state."""
+    from tiny_llm import workalong
+
+    for step in range(1, len(buildup.STEPS) + 1):
+        blocks = [b for b in console_blocks() if chapter_step(b.chapter) == step]
+        left_out = [b for b in blocks if learner_checked(b)]
+        expected = len(workalong.check_blocks(step)) if step in range(4, 11) else 0
+        assert len(left_out) == expected, f"step {step:02d}: {[b.where for b in left_out]}"
 
 
 def test_output_matching_rules_can_fail():

@@ -18,12 +18,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from chapters import run_python
+from chapters import PLAYED, run_python
 
 from tiny_llm import buildup, workalong
 from tiny_llm.buildup import ROOT, STEPS, squash
 
-PLAYED = range(4, 11)
 
 
 def chapter_lines(module, source, node):
