@@ -309,7 +309,7 @@ def train_in_folder(cfg, parallel):
     check_batch_fits(gpt.config, cfg.batch_size, cfg.grad_accum, device)  # before any step
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     note_at = PROGRESS_EVERY_S + (records[-1]["time_s"] if records else 0.0)
-    budgeted, plan, cap = resumed_plan(cfg, records)  # the pace is measured from `since` on
+    budgeted, plan, cap = resumed_plan(cfg, records)  # a resumed budget run goes on re-pricing
     since, end = step, (plan or cap or math.inf) if budgeted else cfg.max_steps
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
                disable=None if parallel.rank == 0 else True)
