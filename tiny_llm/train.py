@@ -42,7 +42,12 @@ from tiny_llm.device import (
     resolve_dtype,
     seed_everything,
 )
-from tiny_llm.flags import check_resume_settings, parse_train_args, resume_command
+from tiny_llm.flags import (
+    check_config,
+    check_resume_settings,
+    parse_train_args,
+    resume_command,
+)
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.loss import mean_loss
 from tiny_llm.muon import muon_adamw, muon_momentum
@@ -87,30 +92,7 @@ class TrainConfig:
     lora_alpha: float = 16.0  # step 17: the adapters' scale is lora_alpha / lora_rank
 
     def __post_init__(self):
-        """Checked once, when the config is made: a clear error for a setting that cannot work."""
-        presets = model_class(self.model).presets  # a clear error for an unknown --model
-        if self.preset not in presets:
-            raise ValueError(f"unknown preset {self.preset!r} for --model {self.model}: choose "
-                             f"one of {', '.join(presets)}")
-        if self.optimizer not in ("adamw", "muon"):
-            raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got "
-                             f"{self.dtype!r}")
-        if self.max_steps == 0 and not self.time_budget > 0:
-            raise ValueError("give the run a length: --max-steps N, or --time-budget like 10m")
-        lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
-                  "eval_interval": 1, "eval_iters": 1, "lr_decay_steps": 0}
-        for name, low in lowest.items():
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {getattr(self, name)!r}")
-        if not 0 <= self.cooldown <= 1:
-            raise ValueError(f"cooldown is the fraction of the run spent decaying, from 0 "
-                             f"(cosine) to 1; got {self.cooldown}")
-        if not (0 < self.lr < 1 and 0 <= self.min_lr <= self.lr and self.weight_decay >= 0
-                and self.grad_clip >= 0):
-            raise ValueError(f"need 0 < lr < 1, 0 <= min_lr <= lr, weight_decay, grad_clip >= 0; "
-                             f"got {self.lr}, {self.min_lr}, {self.weight_decay}, {self.grad_clip}")
+        check_config(self)  # a clear error for a setting that cannot work (tiny_llm/flags.py)
 
 
 def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps, cooldown=0.0):
