@@ -42,6 +42,17 @@ def pace_steps(cfg):
     return max(1, min(10, cfg.warmup_steps))
 
 
+def resumed_plan(cfg, records):
+    """(budgeted, plan, cap) for a run whose log so far is `records` (empty for a new run).
+    A resumed budget run goes on pricing the plan it saved as max_steps; a max_steps given again
+    on the command line caps it instead. budgeted: the budget, not max_steps, may end the run."""
+    plans = [r for r in records if "plan" in r]
+    planned = plans and plans[-1]["plan"] == cfg.max_steps  # else --max-steps was given again
+    cap = plans[-1]["plan_cap"] if planned else cfg.max_steps  # a budget never runs past it
+    budgeted = cfg.time_budget > 0 and pace_steps(cfg) < (cap or math.inf)
+    return budgeted, cfg.max_steps if planned else None, cap
+
+
 REPRICE_EVERY = 10  # updates between two pricings of the plan (DDP ranks agree at each one)
 PACE_WINDOW = 20  # the pace is the median of the latest step times: load shows in 10 steps
 REPLAN_SLACK = 0.01  # a new plan replaces the old one when it moves the end by more than 1%

@@ -1,35 +1,31 @@
 """Step 10: training the GPT, with checkpoints that resume exactly.
 
 The loop: draw a batch from train.bin, predict every next token, measure the cross-entropy,
-follow its gradient with Muon and AdamW, repeat. Around it: a learning-rate warmup, a stable peak and
-a decay, gradient clipping and accumulation, evaluations, a log, progress, a time budget, and a
-checkpoint that resumes exactly (every RNG).
+follow its gradient with Muon and AdamW, repeat. Around it: a learning-rate warmup, a stable
+peak and a decay, gradient clipping and accumulation, evaluations, a log, progress, a time
+budget, and a checkpoint that resumes exactly (every RNG).
 
 Run the main job:  uv run python -m tiny_llm.train      (prepares data first if there is none)
 A quick run:       uv run python -m tiny_llm.train --preset tiny --max-steps 30 --out runs/demo
 """
 
-import argparse
-import importlib.util
 import math
-import shlex
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from tiny_llm.budget import REPRICE_EVERY, pace_steps, parse_duration, plan_budget
+from tiny_llm.budget import REPRICE_EVERY, pace_steps, plan_budget, resumed_plan
 from tiny_llm.checkpoint import (
     explain_failed_save,
     load_checkpoint,
     model_class,
     model_from_state,
     resume_run,
-    resumed_config,
     save_run,
     stop_on_ctrl_c,
 )
@@ -45,6 +41,12 @@ from tiny_llm.device import (
     pick_threads,
     resolve_dtype,
     seed_everything,
+)
+from tiny_llm.flags import (
+    check_config,
+    check_resume_settings,
+    parse_train_args,
+    resume_command,
 )
 from tiny_llm.generate import story_from_checkpoint
 from tiny_llm.loss import mean_loss
@@ -90,54 +92,7 @@ class TrainConfig:
     lora_alpha: float = 16.0  # step 17: the adapters' scale is lora_alpha / lora_rank
 
     def __post_init__(self):
-        """Checked once, when the config is made: a clear error for a setting that cannot work."""
-        presets = model_class(self.model).presets  # a clear error for an unknown --model
-        if self.preset not in presets:
-            raise ValueError(f"unknown preset {self.preset!r} for --model {self.model}: choose "
-                             f"one of {', '.join(presets)}")
-        if self.optimizer not in ("adamw", "muon"):
-            raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got "
-                             f"{self.dtype!r}")
-        if self.max_steps == 0 and not self.time_budget > 0:
-            raise ValueError("give the run a length: --max-steps N, or --time-budget like 10m")
-        lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
-                  "eval_interval": 1, "eval_iters": 1, "lr_decay_steps": 0}
-        for name, low in lowest.items():
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {getattr(self, name)!r}")
-        if not 0 <= self.cooldown <= 1:
-            raise ValueError(f"cooldown is the fraction of the run spent decaying, from 0 "
-                             f"(cosine) to 1; got {self.cooldown}")
-        if not (0 < self.lr < 1 and 0 <= self.min_lr <= self.lr and self.weight_decay >= 0
-                and self.grad_clip >= 0):
-            raise ValueError(f"need 0 < lr < 1, 0 <= min_lr <= lr, weight_decay, grad_clip >= 0; "
-                             f"got {self.lr}, {self.min_lr}, {self.weight_decay}, {self.grad_clip}")
-
-
-# A preset's own training recipe, where the defaults (chosen on the 2-core CPU) do not suit it;
-# flags given still win. `gpu`: 4x the CPU's tokens per step, a lower peak for a model 20x the
-# size, compiled where Triton is. Not yet run on a GPU (docs/troubleshooting.md).
-RECIPES = {"gpu": dict(batch_size=64, lr=3e-3,
-                       compile=importlib.util.find_spec("triton") is not None)}
-
-# What a checkpoint fixes (its weights and optimizer state fit only these): --resume refuses others.
-FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer")
-
-
-def check_resume_settings(cfg, saved, path):
-    """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds."""
-    changed = [f"--{name} {getattr(cfg, name)} (the run has {saved[name]})"
-               for name in FIXED_ON_RESUME if name in saved and getattr(cfg, name) != saved[name]]
-    if changed:
-        accepted = [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig)
-                    if f.name not in (*FIXED_ON_RESUME, "resume")]
-        raise ValueError(
-            f"--resume cannot change what the run in {path} fixed: {', '.join(changed)}. "
-            f"With --resume, leave out {', '.join('--' + n for n in FIXED_ON_RESUME)}; it "
-            f"accepts {', '.join(accepted)} and --sample-tokens. To train another model, start "
-            "a new run with another --out")
+        check_config(self)  # a clear error for a setting that cannot work (tiny_llm/flags.py)
 
 
 def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps, cooldown=0.0):
@@ -254,13 +209,15 @@ def update_weights(model, optimizer, data, cfg, device, generator, lr, step, par
 
 
 def first_record(model, train_data, valid_data, cfg, device):
-    """Step 0: the untrained model's losses, and how long an evaluation takes (for the budget),
-    timed on the second of the two: the first pays one-off costs (memory, kernels, the disk)."""
+    """Step 0, printed as an evaluation: the untrained model's losses, and how long an evaluation
+    takes (for the budget), timed on the second of the two: the first pays one-off costs."""
     record = {"step": 0, "train_loss": estimate_loss(model, train_data, cfg, device)}
     t0 = time.perf_counter()
-    return {**record, "val_loss": estimate_loss(model, valid_data, cfg, device),
-            "eval_s": time.perf_counter() - t0, "lr": 0.0, "tokens": 0, "tokens_per_s": 0.0,
-            "time_s": 0.0}
+    record = {**record, "val_loss": estimate_loss(model, valid_data, cfg, device),
+              "eval_s": time.perf_counter() - t0, "lr": 0.0, "tokens": 0, "tokens_per_s": 0.0,
+              "time_s": 0.0}
+    tqdm.write(eval_line(record), file=sys.stdout)
+    return record
 
 
 PROGRESS_EVERY_S = 30  # without a progress bar, a line on standard error this often
@@ -271,6 +228,18 @@ def progress_line(r, total):
     of = f" of {total:,}" if total else ""
     return (f"{'progress':<12} step {r['step']:,}{of}  loss {r['train_loss']:.3f}  "
             f"lr {r['lr']:.2e}  {r['tokens_per_s']:,.0f} tok/s  {r['time_s']:.0f} s")
+
+
+def show_progress(bar, r, total, note_at, rank=0):
+    """Move the bar on by the step of record `r`; without a bar (output to a file), print a
+    progress line once the run's clock passes `note_at`. Returns when the next line is due."""
+    bar.update()
+    bar.set_postfix_str(f"loss {r['train_loss']:.3f}, lr {r['lr']:.2e}, "
+                        f"{r['tokens_per_s']:,.0f} tok/s")
+    if not (bar.disable and rank == 0 and r["time_s"] >= note_at):
+        return note_at
+    print(progress_line(r, total), file=sys.stderr, flush=True)
+    return r["time_s"] + PROGRESS_EVERY_S
 
 
 def eval_line(r):
@@ -299,7 +268,7 @@ def train(cfg, parallel=ONE_PROCESS):
 
 
 def train_in_folder(cfg, parallel):
-    """train(), once the run folder is ours."""
+    """train(), once the run folder is ours: set up, then update until the end or a Ctrl-C."""
     data_dir = Path(cfg.data_dir)
     meta = load_meta(data_dir) if cfg.resume else ensure_data(data_dir)  # resume: never prepare
     device = pick_device(cfg.device)
@@ -321,19 +290,14 @@ def train_in_folder(cfg, parallel):
     watch = BusyWatch(threads, device.type == "cpu")
     check_batch_fits(gpt.config, cfg.batch_size, cfg.grad_accum, device)  # before any step
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
-    plans = [r for r in records if "plan" in r]  # a resumed budget run goes on re-pricing
-    planned = plans and plans[-1]["plan"] == cfg.max_steps  # else --max-steps was given again
-    cap = plans[-1]["plan_cap"] if planned else cfg.max_steps  # a budget never runs past it
-    budgeted = cfg.time_budget > 0 and pace_steps(cfg) < (cap or math.inf)
-    plan, since = cfg.max_steps if planned else None, step  # the pace: from `since` on
     note_at = PROGRESS_EVERY_S + (records[-1]["time_s"] if records else 0.0)
-    end = (plan or cap or math.inf) if budgeted else cfg.max_steps
+    budgeted, plan, cap = resumed_plan(cfg, records)  # a resumed budget run goes on re-pricing
+    since, end = step, (plan or cap or math.inf) if budgeted else cfg.max_steps
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
                disable=None if parallel.rank == 0 else True)
     with stop_on_ctrl_c() as stop, kept_memory(device.type == "cpu"):  # step 13 explains it
-        if step == 0:
+        if step == 0:  # the untrained model's losses, printed as an evaluation
             records.append(first_record(gpt, train_data, valid_data, cfg, device))
-            tqdm.write(eval_line(records[-1]), file=sys.stdout)
         while step < end:
             decay_steps = cfg.lr_decay_steps or cfg.max_steps
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps, cfg.cooldown)
@@ -348,26 +312,12 @@ def train_in_folder(cfg, parallel):
                             "tokens_per_s": tokens_per_step / (time.perf_counter() - t0)})
             if budgeted and (step % REPRICE_EVERY == 0 and step > since + 2
                              or plan is None and step >= pace_steps(cfg)):  # price the rest
-                cfg, new = plan_budget(cfg, step, records, plan, since, cap, agree=parallel.mean)
-                if new != plan:  # the log says how the plan changed, step by step
-                    plan, end = new, new
-                    if plan != cap:  # the budget, not --max-steps, ends the run
-                        records[-1].update(plan=plan, plan_cap=cap)
-                    cfg = replace(cfg, max_steps=plan)  # saved: the decay ends here
-                    bar.total = plan
-            bar.update()
-            bar.set_postfix_str(f"loss {loss:.3f}, lr {lr:.2e}, "
-                                f"{records[-1]['tokens_per_s']:,.0f} tok/s")
-            if bar.disable and parallel.rank == 0 and records[-1]["time_s"] >= note_at:
-                note_at = records[-1]["time_s"] + PROGRESS_EVERY_S  # no bar: a line now and then
-                print(progress_line(records[-1], plan or cfg.max_steps), file=sys.stderr,
-                      flush=True)
+                cfg, plan = replan(cfg, step, records, plan, since, cap, bar, parallel)
+                end = plan
+            note_at = show_progress(bar, records[-1], plan or cfg.max_steps, note_at, parallel.rank)
             evaluate = step % cfg.eval_interval == 0 or step == end
             if evaluate:
-                t_eval = time.perf_counter()
-                records[-1]["val_loss"] = estimate_loss(gpt, valid_data, cfg, device)
-                records[-1]["eval_s"] = time.perf_counter() - t_eval  # the budget prices it
-                tqdm.write(eval_line(records[-1]), file=sys.stdout)
+                add_evaluation(records[-1], gpt, valid_data, cfg, device)
             if evaluate or stop.is_set():
                 with explain_failed_save(ckpt_path, step, resume_command(cfg)):
                     save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
@@ -378,32 +328,30 @@ def train_in_folder(cfg, parallel):
     return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.reason}
 
 
-def resume_command(cfg):
-    """The command that continues this run: the checkpoint holds every setting but the folder."""
-    out = cfg.out or str(RUNS_DIR / cfg.preset)
-    return f"uv run python -m tiny_llm.train --resume --out {shlex.quote(out)}"
+def replan(cfg, step, records, plan, since, cap, bar, parallel=ONE_PROCESS):
+    """Price the rest of the budget (budget.py): (cfg, plan). A plan that changes is logged in
+    the step's record, saved as max_steps (the decay ends there) and given to the bar."""
+    cfg, new = plan_budget(cfg, step, records, plan, since, cap, agree=parallel.mean)
+    if new != plan:  # the log says how the plan changed, step by step
+        if new != cap:  # the budget, not --max-steps, ends the run
+            records[-1].update(plan=new, plan_cap=cap)
+        cfg = replace(cfg, max_steps=new)
+        bar.total = new
+    return cfg, new
+
+
+def add_evaluation(record, model, valid_data, cfg, device):
+    """Add the validation loss to the step's record, with its time (the budget prices it), and
+    print the evaluation's line."""
+    t_eval = time.perf_counter()
+    record["val_loss"] = estimate_loss(model, valid_data, cfg, device)
+    record["eval_s"] = time.perf_counter() - t_eval
+    tqdm.write(eval_line(record), file=sys.stdout)
 
 
 def parse_args():
-    """(TrainConfig, story length) from the command line: each field is a flag (--max-steps).
-    With --resume the saved run's settings replace the defaults; flags given override them."""
-    parser = argparse.ArgumentParser(description="Step 10: train a GPT (flags: TrainConfig).")
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            parser.add_argument(flag, action="store_true", default=None)
-        else:  # the default's type; out and device default to None and take a text
-            kind = str if f.default is None else type(f.default)
-            kind = parse_duration if f.name == "time_budget" else kind
-            parser.add_argument(flag, type=kind, help=f"default: {f.default}")
-    parser.add_argument("--sample-tokens", type=int, default=200, help="story length (0: none)")
-    args = parser.parse_args()
-    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
-             if getattr(args, f.name) is not None}
-    cfg = replace(TrainConfig(), **{**RECIPES.get(given.get("preset"), {}), **given})
-    if cfg.resume:
-        cfg = resumed_config(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt", TrainConfig, given)
-    return cfg, args.sample_tokens
+    """(TrainConfig, story length) from the command line (tiny_llm/flags.py)."""
+    return parse_train_args(TrainConfig)
 
 
 def main():

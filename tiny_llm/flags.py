@@ -1,0 +1,99 @@
+"""Shared helper: a training run's command line, apart from the loop it starts.
+
+Every field of step 10's TrainConfig is a flag (--max-steps for max_steps), checked once when
+the config is made; a preset may bring its own recipe (the gpu preset's batch and learning
+rate), and flags given still win. --resume
+reads the saved run's settings, refuses a change to what its weights fix, and a run that stops
+early says the command that continues it.
+"""
+
+import argparse
+import importlib.util
+import shlex
+from dataclasses import fields, replace
+from pathlib import Path
+
+from tiny_llm.budget import parse_duration
+from tiny_llm.checkpoint import model_class, resumed_config
+from tiny_llm.paths import RUNS_DIR
+
+# A preset's own training recipe, where the defaults (chosen on the 2-core CPU) do not suit it;
+# flags given still win. `gpu`: 4x the CPU's tokens per step, a lower peak for a model 20x the
+# size, compiled where Triton is. Not yet run on a GPU (docs/troubleshooting.md).
+RECIPES = {"gpu": dict(batch_size=64, lr=3e-3,
+                       compile=importlib.util.find_spec("triton") is not None)}
+
+def check_config(cfg):
+    """Raise a clear error for a TrainConfig setting that cannot work; called once, when the
+    config is made."""
+    presets = model_class(cfg.model).presets  # a clear error for an unknown --model
+    if cfg.preset not in presets:
+        raise ValueError(f"unknown preset {cfg.preset!r} for --model {cfg.model}: choose "
+                         f"one of {', '.join(presets)}")
+    if cfg.optimizer not in ("adamw", "muon"):
+        raise ValueError(f"optimizer must be adamw or muon, got {cfg.optimizer!r}")
+    if cfg.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got "
+                         f"{cfg.dtype!r}")
+    if cfg.max_steps == 0 and not cfg.time_budget > 0:
+        raise ValueError("give the run a length: --max-steps N, or --time-budget like 10m")
+    lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
+              "eval_interval": 1, "eval_iters": 1, "lr_decay_steps": 0}
+    for name, low in lowest.items():
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {getattr(cfg, name)!r}")
+    if not 0 <= cfg.cooldown <= 1:
+        raise ValueError(f"cooldown is the fraction of the run spent decaying, from 0 "
+                         f"(cosine) to 1; got {cfg.cooldown}")
+    if not (0 < cfg.lr < 1 and 0 <= cfg.min_lr <= cfg.lr and cfg.weight_decay >= 0
+            and cfg.grad_clip >= 0):
+        raise ValueError(f"need 0 < lr < 1, 0 <= min_lr <= lr, weight_decay, grad_clip >= 0; "
+                         f"got {cfg.lr}, {cfg.min_lr}, {cfg.weight_decay}, {cfg.grad_clip}")
+
+
+# What a checkpoint fixes (its weights and optimizer state fit only these): --resume refuses others.
+FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer")
+
+
+def check_resume_settings(cfg, saved, path):
+    """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds."""
+    changed = [f"--{name} {getattr(cfg, name)} (the run has {saved[name]})"
+               for name in FIXED_ON_RESUME if name in saved and getattr(cfg, name) != saved[name]]
+    if changed:
+        accepted = [f"--{f.name.replace('_', '-')}" for f in fields(cfg)
+                    if f.name not in (*FIXED_ON_RESUME, "resume")]
+        raise ValueError(
+            f"--resume cannot change what the run in {path} fixed: {', '.join(changed)}. "
+            f"With --resume, leave out {', '.join('--' + n for n in FIXED_ON_RESUME)}; it "
+            f"accepts {', '.join(accepted)} and --sample-tokens. To train another model, start "
+            "a new run with another --out")
+
+
+def resume_command(cfg):
+    """The command that continues this run: the checkpoint holds every setting but the folder."""
+    out = cfg.out or str(RUNS_DIR / cfg.preset)
+    return f"uv run python -m tiny_llm.train --resume --out {shlex.quote(out)}"
+
+
+def parse_train_args(config_class):
+    """(config, story length) from the command line: each field of `config_class` is a flag
+    (--max-steps). With --resume the saved run's settings replace the defaults; flags given
+    override them."""
+    parser = argparse.ArgumentParser(description="Step 10: train a GPT (flags: TrainConfig).")
+    for f in fields(config_class):
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action="store_true", default=None)
+        else:  # the default's type; out and device default to None and take a text
+            kind = str if f.default is None else type(f.default)
+            kind = parse_duration if f.name == "time_budget" else kind
+            parser.add_argument(flag, type=kind, help=f"default: {f.default}")
+    parser.add_argument("--sample-tokens", type=int, default=200, help="story length (0: none)")
+    args = parser.parse_args()
+    given = {f.name: getattr(args, f.name) for f in fields(config_class)
+             if getattr(args, f.name) is not None}
+    cfg = replace(config_class(), **{**RECIPES.get(given.get("preset"), {}), **given})
+    if cfg.resume:
+        cfg = resumed_config(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt", config_class,
+                             given)
+    return cfg, args.sample_tokens
