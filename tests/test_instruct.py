@@ -106,6 +106,22 @@ def test_rows_start_at_a_record(sample_data_dir):
     assert (y[:, 0] == -1).all() and (y >= 0).any()
 
 
+def test_request_rows_give_a_rank_only_its_part_of_the_batch():
+    """As data.get_batch does for DDP: every rank draws all B rows (the ranks stay in step) and
+    keeps its own slice, so two ranks of half a batch see what one rank of the whole sees."""
+    from tiny_llm.data import get_batch
+    from tiny_llm.instruct import RequestRows
+
+    x = torch.arange(40).view(10, 4)
+    rows = RequestRows(x, x + 100)
+    whole = get_batch(rows, 6, 4, generator=torch.Generator().manual_seed(3))
+    halves = [get_batch(rows, 6, 4, generator=torch.Generator().manual_seed(3), part=part)
+              for part in (slice(0, 3), slice(3, 6))]
+    for i in range(2):
+        assert torch.equal(torch.cat([h[i] for h in halves]), whole[i])
+        assert halves[0][i].shape == (3, 4)
+
+
 def test_lora_trains_only_adapters_and_its_merge_equals_the_adapted_forward():
     torch.manual_seed(0)
     model = GPT(PRESETS["tiny"])

@@ -323,7 +323,7 @@ def get_batch(data, batch_size, seq_len, device=None, generator=None, part=slice
 
     A window starts at any of 0 .. N-T-1 (N - T choices), so that its last target exists."""
     if hasattr(data, "get_batch"):  # step 17's request rows draw their own rows
-        return data.get_batch(batch_size, seq_len, device, generator)
+        return data.get_batch(batch_size, seq_len, device, generator, part)
     check_sizes(data, seq_len, batch_size)
     starts = torch.randint(len(data) - seq_len, (batch_size,), generator=generator)
     starts = starts[part]  # a rank's rows; drawing all B keeps the ranks in step

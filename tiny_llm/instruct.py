@@ -181,11 +181,12 @@ class RequestRows:
     def __len__(self):
         return len(self.x)
 
-    def get_batch(self, batch_size, seq_len, device=None, generator=None):
-        """(x, y) of batch_size random rows, each (B, seq_len) int64, on `device`."""
+    def get_batch(self, batch_size, seq_len, device=None, generator=None, part=slice(None)):
+        """(x, y) of batch_size random rows, each (B, seq_len) int64, on `device`; with `part`,
+        only those of the B rows (a rank's share, as data.get_batch takes it)."""
         if seq_len != self.x.shape[1]:
             raise ValueError(f"the rows hold {self.x.shape[1]} tokens, asked for {seq_len}")
-        i = torch.randint(len(self.x), (batch_size,), generator=generator)
+        i = torch.randint(len(self.x), (batch_size,), generator=generator)[part]
         return self.x[i].to(device), self.y[i].to(device)
 
 
@@ -320,13 +321,12 @@ def measure(model, tokenizer, requests, max_new_tokens=200, seed=0, plain=False)
     """Write a story for each request and score it; returns the mean of each score_story field
     over the requests that ask for it, and the stories. plain=True prompts "Once upon a time"
     instead of the request (the base model's chance rate)."""
-    from tiny_llm.generate import DEFAULTS, complete
-    from tiny_llm.kvcache import KVCache
+    from tiny_llm.generate import DEFAULTS, PROMPT, complete, fresh_cache
     generator = torch.Generator().manual_seed(seed)
-    cache = KVCache(model.config, device=next(model.parameters()).device)
+    cache = fresh_cache(model)
     scores, stories = [], []
     for request in requests:
-        prompt = "Once upon a time" if plain else render_request(**request)
+        prompt = PROMPT if plain else render_request(**request)
         text = complete(model, tokenizer, prompt, max_new_tokens, generator, cache=cache,
                         **DEFAULTS)
         story = text[len(prompt):] if not plain else text
