@@ -24,7 +24,6 @@ from tiny_llm import buildup, workalong
 from tiny_llm.buildup import ROOT, STEPS, squash
 
 
-
 def chapter_lines(module, source, node):
     """The chapter's own lines for what the learner writes of `node` (from workalong.body_start
     to its end, in `source`, the module at its step): found, whitespace-normalised, in one of the

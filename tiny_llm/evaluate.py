@@ -171,11 +171,12 @@ def attention_maps(model, idx):
     is wrapped: each call also computes softmax(q kᵀ · scale + mask) from the q and k the layer
     passed (after its RoPE, QK-norm or ALiBi), in layer order, as step 06's explicit path does.
     """
-    maps = []
+    maps, me = [], threading.get_ident()
     real = F.scaled_dot_product_attention
 
     def keeping(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
-        maps.append(attention_weights(q, k, attn_mask, is_causal, scale)[0])
+        if threading.get_ident() == me:  # not another thread's forward (the studio's stories)
+            maps.append(attention_weights(q, k, attn_mask, is_causal, scale)[0])
         return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                     scale=scale, **kw)
 

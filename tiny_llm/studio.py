@@ -25,7 +25,6 @@ import argparse
 import functools
 import ipaddress
 import json
-import math
 import socket
 import sys
 import threading
@@ -39,6 +38,7 @@ from tokenizers import Tokenizer
 
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.device import pick_device
+from tiny_llm.evaluate import attention_maps
 from tiny_llm.generate import DEFAULTS, check_sampling, fresh_cache, next_token_probs, sample_tokens
 from tiny_llm.instruct import FEATURES, render_request, takes_requests
 from tiny_llm.paths import DATA_DIR
@@ -82,47 +82,10 @@ def attention_module(block):
     return block.attn if hasattr(block, "attn") else block.attention
 
 
-def queries_keys(attn, x):
-    """q (B, H, T, hs), k (B, H, T, hs) and the score bias (or None) that `attn` computes from its
-    input x (B, T, C): the model's own projections and positions, step 06's or step 15's."""
-    B, T, C = x.shape
-    if hasattr(attn, "qkv"):  # step 06's MultiHeadAttention (and step 14's position variants)
-        q, k, _ = attn.qkv(x).split(C, dim=2)
-        q, k = (t.view(B, T, attn.n_heads, attn.head_size).transpose(1, 2) for t in (q, k))
-        q, k = attn.position(q, k, 0)
-        return q, k, attn.bias(T, T)
-    # step 15's Attention: grouped keys, optional QK-norm, RoPE
-    q = attn.wq(x).view(B, T, attn.n_heads, attn.head_size).transpose(1, 2)
-    k = attn.wk(x).view(B, T, attn.n_kv_heads, attn.head_size).transpose(1, 2)
-    if attn.qk_norm:
-        q, k = F.rms_norm(q, (attn.head_size,)), F.rms_norm(k, (attn.head_size,))
-    q, k = attn.rope(q, 0), attn.rope(k, 0)
-    return q, k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1), None
-
-
-@torch.no_grad()
 def last_attention(model, idx):
     """Where the last position of a (1, T) sequence looks: (n_layers, n_heads, T) weights, each
-    row summing to 1. Hooks recompute softmax(q kᵀ / √head_size) from what each attention layer
-    received, as step 06's explicit path does (the fused kernel never stores the weights)."""
-    rows, me = [], threading.get_ident()
-
-    def keep(attn, inputs, _out):
-        if threading.get_ident() != me:  # a story being written meanwhile by the same model
-            return
-        q, k, bias = queries_keys(attn, inputs[0])
-        scores = q[:, :, -1:] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (1, H, 1, T)
-        if bias is not None:  # step 14's ALiBi: its own causal mask and distance penalty
-            scores = scores + bias[..., -1:, :]
-        rows.append(F.softmax(scores.float(), dim=-1)[0, :, 0])  # the last row sees every key
-
-    hooks = [attention_module(b).register_forward_hook(keep) for b in model.blocks]
-    try:
-        model(idx[:, -model.config.max_seq_len:])
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return torch.stack(rows).cpu()
+    row summing to 1: the last row of step 11's attention_maps."""
+    return attention_maps(model, idx[:, -model.config.max_seq_len:])[:, :, -1]
 
 
 class Refused(ValueError):
@@ -141,12 +104,12 @@ def prompt_text(writer, body):
     elif not writer.requests:
         raise Refused(f"{writer.name} was not fine-tuned to take requests: send a plain prompt")
     else:
-        features = list(request.get("features") or [])
-        unknown = [f for f in features if f not in FEATURES]
-        if unknown:
-            raise Refused(f"unknown features {unknown}: the choices are {list(FEATURES)}")
         words = [w.strip() for w in request.get("words") or [] if w.strip()]
-        prompt = render_request(words, features, request.get("sentence") or None)
+        try:  # render_request refuses a feature the model was not taught, naming the choices
+            prompt = render_request(words, list(request.get("features") or []),
+                                    request.get("sentence") or None)
+        except ValueError as err:
+            raise Refused(str(err)) from None
     if not isinstance(prompt, str):
         raise Refused(f"the prompt must be text, got {type(prompt).__name__}")
     if len(prompt) > LIMITS["prompt_chars"]:
