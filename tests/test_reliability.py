@@ -7,6 +7,7 @@ tokenizer, a killed run, a hostile checkpoint, a typo in --out, a full or read-o
 
 import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -455,6 +456,17 @@ def test_a_lock_left_by_a_killed_preparation_is_taken_over(folder):
     (folder / ".prepare.lock").write_text(f"{dead_pid()}\n")
     prepare_small(folder)
     assert not (folder / ".prepare.lock").exists()
+
+
+def test_an_empty_lock_left_by_a_crash_is_taken_over_once_it_is_old(folder):
+    """A preparation killed between creating its lock and writing its PID leaves an empty file:
+    taken over after files.lock_holder's grace, as a training run's lock is."""
+    lock = folder / ".prepare.lock"
+    lock.write_text("")
+    old = lock.stat().st_mtime - 60
+    os.utime(lock, (old, old))
+    prepare_small(folder)
+    assert not lock.exists()
 
 
 def test_a_corpus_too_small_for_a_window_warns_when_prepared_naming_the_fix(tmp_path, capsys):

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from tiny_llm.files import atomic_path, check_writable, explain_full_disk, process_alive
+from tiny_llm.files import atomic_path, check_writable, explain_full_disk, lock_holder, take_lock
 from tiny_llm.paths import DATA_DIR, check_data_dir
 from tiny_llm.prepared import (  # noqa: F401 (FILES and load_meta: for the later steps' imports)
     FILES,
@@ -219,29 +219,17 @@ def prepare_in_folder(source, valid, data_dir, vocab_size, progress, first):
 def hold_data_folder(data_dir):
     """Hold data_dir/.prepare.lock (holding this PID) while preparing: a second preparation of
     the same folder at once is refused, instead of both renaming their files over each other's
-    and reporting success. O_EXCL makes the creation atomic; a dead process's lock is taken."""
+    and reporting success. files.take_lock makes it atomically, the same lock a training run
+    holds on its folder, and takes over the lock of a process that has ended."""
     lock = Path(data_dir) / ".prepare.lock"
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            break
-        except FileExistsError:
-            text = lock.read_text().strip() if lock.exists() else ""
-            if text.isdigit() and not process_alive(int(text)):
-                lock.unlink(missing_ok=True)  # left by a killed preparation
-                continue
-            who = f"process {text}" if text else "a process that is starting"
-            raise FileExistsError(
-                f"{data_dir} is being prepared by {who} already: wait for it to end, or pass "
-                f"another --data-dir. If no such process runs, delete {lock}") from None
-    else:
-        raise FileExistsError(f"could not take {lock}: other preparations keep taking it")
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()}\n")
+    take_lock(lock, lambda who: FileExistsError(
+        f"{data_dir} is being prepared by {who} already: wait for it to end, or pass another "
+        f"--data-dir. If no such process runs, delete {lock}"))
     try:
         yield
     finally:
-        lock.unlink(missing_ok=True)
+        if lock_holder(lock) == os.getpid():  # ours still: not deleted and taken by another
+            lock.unlink(missing_ok=True)
 
 
 def warn_if_small(meta, data_dir):

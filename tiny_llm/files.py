@@ -14,7 +14,9 @@ import errno
 import os
 import re
 import shutil
+import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -149,3 +151,37 @@ def save_figure(fig, path, dpi=80):
         fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None})
     plt.close(fig)
     return Path(path)
+
+
+def take_lock(lock, in_use):
+    """Create `lock` with this PID in it, taking over a stale one (its process has ended).
+    Else raise in_use(who): the exception, with its message, that the folder's owner chooses
+    (a training run's folder, a data folder being prepared)."""
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            pid = lock_holder(lock)
+            if pid is None or process_alive(pid):
+                raise in_use(f"process {pid}" if pid else "a process that is starting") from None
+            lock.unlink(missing_ok=True)  # stale: its process died without removing it
+            print(f"note: {lock} was left by process {pid}, which has ended (it was killed): "
+                  "taken over", file=sys.stderr)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return
+    raise in_use("other processes that keep taking it; try again")
+
+
+def lock_holder(lock, grace_s=10.0):
+    """The PID written in `lock`. None while a new lock may still be getting its PID (an empty
+    file younger than grace_s); 0, which no process has, for an older empty or garbled one."""
+    try:
+        text = lock.read_text().strip()
+        if text:
+            return int(text)
+        starting = time.time() - lock.stat().st_mtime < grace_s
+    except (OSError, ValueError):  # gone meanwhile, or not a number
+        return 0
+    return None if starting else 0

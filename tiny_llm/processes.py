@@ -3,12 +3,10 @@ and (step 16) the hooks the training loop calls where several processes would di
 """
 
 import os
-import sys
-import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from tiny_llm.files import process_alive
+from tiny_llm.files import lock_holder, take_lock
 
 LOCK_NAME = "train.lock"
 
@@ -32,7 +30,10 @@ def hold_run_folder(folder):
     created = not lock.parent.exists()
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-        take_lock(lock)
+        take_lock(lock, lambda who: FolderInUse(
+            f"{lock.parent} is in use by {who}, another training run (its lock: {lock}): wait "
+            f"for it to end, stop it, or pass another --out. If no such process is training, "
+            f"delete {lock}"))
     except FolderInUse:
         raise
     except OSError as err:  # read-only, not a folder, no permission, disk full
@@ -46,42 +47,6 @@ def hold_run_folder(folder):
             lock.unlink(missing_ok=True)
         if created and not any(lock.parent.iterdir()):  # a run that failed to start leaves
             lock.parent.rmdir()  # no empty folder behind
-
-
-def take_lock(lock):
-    """Create `lock` with this PID in it, taking over a stale one; else raise FolderInUse."""
-    for _ in range(3):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            pid = lock_holder(lock)
-            if pid is None or process_alive(pid):
-                who = f"process {pid}" if pid else "a process that is starting"
-                raise FolderInUse(
-                    f"{lock.parent} is in use by {who}, another training run (its lock: "
-                    f"{lock}): wait for it to end, stop it, or pass another --out. If no such "
-                    f"process is training, delete {lock}") from None
-            lock.unlink(missing_ok=True)  # stale: its run died without removing it
-            print(f"note: {lock} was left by process {pid}, which has ended (a run that was "
-                  "killed): taken over", file=sys.stderr)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}\n")
-        return
-    raise FolderInUse(f"could not take {lock}: other runs keep taking it; try again")
-
-
-def lock_holder(lock, grace_s=10.0):
-    """The PID written in `lock`. None while a new lock may still be getting its PID (an empty
-    file younger than grace_s); 0, which no process has, for an older empty or garbled one."""
-    try:
-        text = lock.read_text().strip()
-        if text:
-            return int(text)
-        starting = time.time() - lock.stat().st_mtime < grace_s
-    except (OSError, ValueError):  # gone meanwhile, or not a number
-        return 0
-    return None if starting else 0
 
 
 # --- step 16: what the training loop needs to know about other processes ------------------
