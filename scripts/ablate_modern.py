@@ -29,21 +29,21 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from tiny_llm.block import MLP, init_weights
-from tiny_llm.data import load_meta, load_token_array
+from tiny_llm.data import StoryRows, load_meta, load_token_array
 from tiny_llm.device import seed_everything
 from tiny_llm.evaluate import bits_per_byte, evaluate_loss
 from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
-from tiny_llm.muon import MuonAdamW, muon_groups
+from tiny_llm.muon import muon_adamw
 from tiny_llm.train import TrainConfig, lr_at, param_groups, update_weights
 
 ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+muon", "+gqa", "+untied")
@@ -56,10 +56,15 @@ CHANGES = {
     "value-embeds": ({"value_embeds": True}, {}),
     "x0-mix": ({"x0_mix": True}, {}),
     "softcap": ({"logit_softcap": 15.0}, {}),
+    "untied": ({"tie_embeddings": False}, {}),  # an output head of its own (for lr_head=...)
+    "doc-mask": ({"doc_mask": True}, {}),  # attention stops at <|endoftext|>
     "zero-init": ({}, {"zero_init": True}),  # not a TrainConfig field: this script does it
     "momentum-warmup": ({}, {"momentum_warmup": 200}),
     "wsd": ({}, {"cooldown": 0.4}),
+    "story-starts": ({}, {"story_starts": True}),  # every row starts at a story's first token
 }
+# A change may also set one TrainConfig field, as FIELD=VALUE: modern+wsd+lr_embed=10 gives the
+# embedding ten times the peak, modern+lr=6e-3 another peak, modern+muon_scale=shape ...
 # Each base's peak learning rate, with step 10's cosine and Muon's momentum fixed at 0.95 (the
 # recipe before step 15 made warmup-stable-decay and the momentum warmup every run's default).
 BASES = {"modern": {"lr": 3e-3, "cooldown": 0.0, "momentum_warmup": 0},
@@ -69,7 +74,10 @@ BASES = {"modern": {"lr": 3e-3, "cooldown": 0.0, "momentum_warmup": 0},
 def parse_row(row):
     """'modern+relu2+wsd' -> ('modern', model fields, recipe fields); a clear error otherwise."""
     base, *names = row.split("+")
-    unknown = [n for n in names if n not in CHANGES]
+    settings = dict(n.split("=", 1) for n in names if "=" in n)
+    names = [n for n in names if "=" not in n]
+    known = {f.name: type(f.default) for f in fields(TrainConfig)}
+    unknown = [n for n in names if n not in CHANGES] + [n for n in settings if n not in known]
     if base not in BASES or unknown or base == "main" and any(CHANGES[n][0] for n in names):
         raise SystemExit(f"error: row {row!r}: a row is modern or main, then +changes from "
                          f"{', '.join(CHANGES)} (main takes only the recipe's: zero-init, "
@@ -78,6 +86,7 @@ def parse_row(row):
     for name in names:
         model.update(CHANGES[name][0])
         recipe.update(CHANGES[name][1])
+    recipe.update({k: known[k](v) for k, v in settings.items()})
     return base, model, recipe
 
 
@@ -138,7 +147,7 @@ def train_for(model, data, seconds, cfg, muon=False, steps=0):
     """Train for `seconds` of this process's CPU time, or for `steps` updates if given; return
     (steps, cpu s, wall s, loss)."""
     if muon:
-        optimizer = MuonAdamW(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
+        optimizer = muon_adamw(model, cfg)
     else:
         optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
                                       betas=(0.9, 0.95))
@@ -175,6 +184,8 @@ def run_row(row, seed, args, meta, train_data, valid_data):
             zero_residual_outputs(model)
         cfg = replace(TrainConfig(), seed=seed, dtype="float32", min_lr=0.0, **recipe)
         muon = True
+        if cfg.story_starts:  # the loop's rows, as tiny_llm.train --story-starts draws them
+            train_data = StoryRows(train_data, meta["eot_id"], model.config.max_seq_len)
     steps, cpu_s, wall_s, train_loss = train_for(model, train_data, args.seconds, cfg, muon,
                                                  args.steps)
     tokens = steps * cfg.batch_size * model.config.max_seq_len

@@ -568,6 +568,27 @@ def test_speedrun_rows_change_what_their_names_say():
                == 0 for b in model.blocks) and model.blocks[0].attention.wq.weight.abs().sum() > 0
     main, recipe = ablation.build_speedrun("main+momentum-warmup", 4096)
     assert isinstance(main, GPT) and recipe["momentum_warmup"] == 200 and recipe["cooldown"] == 0
-    for bad in ("main+relu2", "modern+fast", "llama"):
+    for bad in ("main+relu2", "modern+fast", "llama", "modern+lr_fast=3"):
         with pytest.raises(SystemExit, match="a row is modern or main"):
             ablation.parse_row(bad)
+    base, model, recipe = ablation.parse_row("modern+qk-norm+untied+lr=6e-3+lr_embed=3")
+    assert model == {"qk_norm": True, "tie_embeddings": False}
+    assert (recipe["lr"], recipe["lr_embed"]) == (6e-3, 3.0)  # typed as TrainConfig's fields
+
+
+def test_model_modern_trains_step_15s_tuned_recipe_and_flags_still_win(monkeypatch):
+    from tiny_llm.flags import RECIPES
+    from tiny_llm.train import parse_args
+
+    monkeypatch.setattr("sys.argv", ["train", "--model", "modern"])
+    cfg = parse_args()[0]
+    tuned = RECIPES[("modern", "cpu")]
+    assert {k: getattr(cfg, k) for k in tuned} == tuned and cfg.qk_norm
+    monkeypatch.setattr("sys.argv", ["train", "--model", "modern", "--lr", "1e-3"])
+    assert parse_args()[0].lr == 1e-3 and parse_args()[0].qk_norm  # a flag given wins
+    monkeypatch.setattr("sys.argv", ["train", "--model", "modern", "--no-qk-norm"])
+    assert not parse_args()[0].qk_norm  # and a recipe's part can be switched off
+    monkeypatch.setattr("sys.argv", ["train", "--model", "modern", "--preset", "small"])
+    assert not parse_args()[0].qk_norm  # the recipe is the cpu preset's alone
+    monkeypatch.setattr("sys.argv", ["train"])
+    assert parse_args()[0].lr_embed == 1.0 and parse_args()[0].lr == 5e-3  # the main job's own
