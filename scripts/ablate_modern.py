@@ -57,7 +57,6 @@ CHANGES = {
     "x0-mix": ({"x0_mix": True}, {}),
     "softcap": ({"logit_softcap": 15.0}, {}),
     "untied": ({"tie_embeddings": False}, {}),  # an output head of its own (for lr_head=...)
-    "doc-mask": ({"doc_mask": True}, {}),  # attention stops at <|endoftext|>
     "zero-init": ({}, {"zero_init": True}),  # not a TrainConfig field: this script does it
     "momentum-warmup": ({}, {"momentum_warmup": 200}),
     "wsd": ({}, {"cooldown": 0.4}),

@@ -119,7 +119,6 @@ class ModernConfig:
     value_embeds: bool = False  # a table per layer whose row for the token is added to v
     x0_mix: bool = False  # each block reads λ·x + μ·x0, x0 the embedded input; λ, μ learned
     logit_softcap: float = 0.0  # cap·tanh(logits / cap) if > 0: no logit beyond ±cap
-    doc_mask: bool = False  # attention stops at <|endoftext|> (id 0): a story sees only itself
 
     def __post_init__(self):
         for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads",
@@ -173,7 +172,7 @@ class Attention(nn.Module):
         self.rope = RotaryEmbedding(hs, c.max_seq_len, c.rope_theta)
         self.qk_norm = c.qk_norm
 
-    def forward(self, x, cache=None, layer=0, ve=None, bias=None):
+    def forward(self, x, cache=None, layer=0, ve=None):
         B, T, C = x.shape
         start = 0 if cache is None else cache.length
         # (B, T, heads·hs) -> (B, heads, T, hs), as in step 06
@@ -187,7 +186,7 @@ class Attention(nn.Module):
         q, k = self.rope(q, start), self.rope(k, start)  # v carries content: not turned
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, n_kv_heads, start + T, hs)
-        y = attend(q, k, v, bias=bias)  # (B, n_heads, T, hs)
+        y = attend(q, k, v)  # (B, n_heads, T, hs)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -201,19 +200,9 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(c.d_model, c.norm_eps)
         self.feed_forward = (ReLU2 if c.mlp == "relu2" else SwiGLU)(c.d_model, c.d_ff)
 
-    def forward(self, x, cache=None, layer=0, ve=None, bias=None):
-        x = x + self.attention(self.attention_norm(x), cache, layer, ve, bias)
+    def forward(self, x, cache=None, layer=0, ve=None):
+        x = x + self.attention(self.attention_norm(x), cache, layer, ve)
         return x + self.feed_forward(self.ffn_norm(x))
-
-
-def story_mask(idx, dtype, eot_id=0):
-    """(B, 1, T, T) additive mask, 0 where query j may see key i (i <= j, the same story) and
-    -inf elsewhere. An EOT starts the story after it, as a BOS token would."""
-    story = torch.cumsum(idx == eot_id, dim=1)  # (B, T): which story each position is in
-    causal = torch.ones(idx.shape[1], idx.shape[1], dtype=torch.bool, device=idx.device).tril()
-    same = story[:, :, None] == story[:, None, :]  # (B, T, T)
-    zero = torch.zeros((), dtype=dtype, device=idx.device)
-    return torch.where(same & causal, zero, float("-inf")).unsqueeze(1)
 
 
 class ModernGPT(GPT):
@@ -252,12 +241,11 @@ class ModernGPT(GPT):
         the embedded input x0 mixed back in before every block, value embeddings looked up
         from idx, and logits soft-capped."""
         c, x0 = self.config, x
-        bias = story_mask(idx, x.dtype) if c.doc_mask and cache is None else None
         for layer, block in enumerate(self.blocks):
             if c.x0_mix:
                 x = self.x_scale[layer] * x + self.x0_scale[layer] * x0
             ve = self.value_embeds[layer](idx) if c.value_embeds else None
-            x = block(x, cache, layer, ve, bias)
+            x = block(x, cache, layer, ve)
         logits = self.lm_head(self.ln_f(x))
         if c.logit_softcap:  # ≈ logits while small; never beyond ±cap
             logits = c.logit_softcap * torch.tanh(logits / c.logit_softcap)
