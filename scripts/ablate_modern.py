@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 
 from tiny_llm.block import MLP, init_weights
-from tiny_llm.data import StoryRows, load_meta, load_token_array
+from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import seed_everything
 from tiny_llm.evaluate import bits_per_byte, evaluate_loss
 from tiny_llm.files import save_figure
@@ -45,6 +45,7 @@ from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
 from tiny_llm.muon import muon_adamw
 from tiny_llm.train import TrainConfig, lr_at, param_groups, update_weights
+from tiny_llm.tuning import StoryRows
 
 ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+muon", "+gqa", "+untied")
 

@@ -11,7 +11,6 @@ from solutions import ex03_data
 from tiny_llm import data
 from tiny_llm.data import (
     NextTokenDataset,
-    StoryRows,
     ensure_data,
     get_batch,
     load_meta,
@@ -278,23 +277,6 @@ def test_get_batch_with_one_possible_window():
 def test_get_batch_refuses_bad_sizes(args, match):
     with pytest.raises(ValueError, match=match):
         get_batch(*args)
-
-
-def test_story_rows_start_each_window_at_a_story_and_keep_get_batchs_shift():
-    tokens = np.array([5, 6, 7, 0, 8, 9, 0, 10, 11, 12, 13, 0, 14], dtype=np.uint16)
-    rows = StoryRows(tokens, eot_id=0, seq_len=3)  # stories start at 0, 4, 7 (12: too late)
-    assert rows.starts.tolist() == [0, 4, 7]  # 10, three on from 7, would end past the data
-    long = np.array([1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 0, 1], dtype=np.uint16)
-    assert StoryRows(long, eot_id=0, seq_len=3).starts.tolist() == [0, 3, 6, 8]
-    x, y = get_batch(rows, 200, 3, generator=torch.Generator().manual_seed(0))
-    assert {tuple(r) for r in x.tolist()} == {(5, 6, 7), (8, 9, 0), (10, 11, 12)}
-    assert torch.equal(x[:, 1:], y[:, :-1])
-    half = get_batch(rows, 200, 3, generator=torch.Generator().manual_seed(0), part=slice(0, 100))
-    assert torch.equal(half[0], x[:100])  # a rank's share of the same draw, as get_batch's
-    with pytest.raises(ValueError, match="made for 3 tokens, asked for 4"):
-        get_batch(rows, 2, 4)
-    with pytest.raises(ValueError, match="only 1 story starts 3 tokens or more before the end"):
-        StoryRows(np.array([5, 6, 7], dtype=np.uint16), eot_id=0, seq_len=2)
 
 
 def test_next_token_dataset_has_n_minus_t_windows_for_a_dataloader():

@@ -106,6 +106,13 @@ def test_rows_start_at_a_record(sample_data_dir):
     assert (y[:, 0] == -1).all() and (y >= 0).any()
 
 
+def test_story_rows_and_request_rows_do_not_mix(sample_data_dir):
+    from tiny_llm.train import TrainConfig
+
+    with pytest.raises(ValueError, match="rows each start at a request already: leave out"):
+        TrainConfig(requests="derived", story_starts=True, data_dir=str(sample_data_dir))
+
+
 def test_request_rows_give_a_rank_only_its_part_of_the_batch():
     """As data.get_batch does for DDP: every rank draws all B rows (the ranks stay in step) and
     keeps its own slice, so two ranks of half a batch see what one rank of the whole sees."""

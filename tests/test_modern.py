@@ -576,19 +576,97 @@ def test_speedrun_rows_change_what_their_names_say():
     assert (recipe["lr"], recipe["lr_embed"]) == (6e-3, 3.0)  # typed as TrainConfig's fields
 
 
-def test_model_modern_trains_step_15s_tuned_recipe_and_flags_still_win(monkeypatch):
+def test_model_modern_trains_step_15s_recipe_and_flags_still_win(monkeypatch):
     from tiny_llm.flags import RECIPES
-    from tiny_llm.train import parse_args
+    from tiny_llm.train import TrainConfig, parse_args
 
     monkeypatch.setattr("sys.argv", ["train", "--model", "modern"])
-    cfg = parse_args()[0]
-    tuned = RECIPES[("modern", "cpu")]
-    assert {k: getattr(cfg, k) for k in tuned} == tuned and cfg.qk_norm
-    monkeypatch.setattr("sys.argv", ["train", "--model", "modern", "--lr", "1e-3"])
+    assert parse_args()[0].lr == RECIPES[("modern", "cpu")]["lr"] == 3e-3  # its screened peak
+    monkeypatch.setattr("sys.argv", ["train", "--model", "modern", "--lr", "1e-3", "--qk-norm"])
     assert parse_args()[0].lr == 1e-3 and parse_args()[0].qk_norm  # a flag given wins
     monkeypatch.setattr("sys.argv", ["train", "--model", "modern", "--no-qk-norm"])
-    assert not parse_args()[0].qk_norm  # and a recipe's part can be switched off
+    assert not parse_args()[0].qk_norm  # every switch can be given either way
     monkeypatch.setattr("sys.argv", ["train", "--model", "modern", "--preset", "small"])
-    assert not parse_args()[0].qk_norm  # the recipe is the cpu preset's alone
+    assert parse_args()[0].lr == 5e-3  # the recipe is the cpu preset's alone
     monkeypatch.setattr("sys.argv", ["train"])
-    assert parse_args()[0].lr_embed == 1.0 and parse_args()[0].lr == 5e-3  # the main job's own
+    assert parse_args()[0] == TrainConfig()  # the main job: step 10's defaults
+
+
+# --- step 15's recipe, tuned: per-group learning rates, the parts as flags, story rows --------
+
+
+def run_config(data_dir, out, **changes):
+    """A ModernGPT run of the tiny preset small enough for a test: 6 steps of 4 windows."""
+    from tiny_llm.train import TrainConfig
+
+    return TrainConfig(**{**dict(model="modern", preset="tiny", max_steps=6, batch_size=4,
+                                 warmup_steps=2, eval_interval=3, eval_iters=2,
+                                 data_dir=str(data_dir), out=str(out), device="cpu"), **changes})
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"lr_embed": 0.0}, "each group's learning rate, --lr times its scale, must lie in"),
+    ({"lr_muon": 300.0}, r"must lie in \(0, 1\); got --lr 0.005"),
+    ({"optimizer": "adamw", "lr_gains": 2.0}, "scale the groups of --optimizer muon"),
+    ({"muon_scale": "spectral"}, "muon_scale must be one of rms, shape, got 'spectral'"),
+    ({"model": "gpt", "qk_norm": True, "untied": True},
+     r"--qk-norm, --untied change a part of ModernGPT \(step 15\): add --model modern"),
+    ({"mlp": "gelu"}, "ModernConfig.mlp must be swiglu or relu2, got 'gelu'"),
+])
+def test_bad_tuning_settings_are_refused_before_any_work(change, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        run_config(tmp_path, tmp_path, **change)
+
+
+def test_each_group_takes_its_scale_of_the_schedules_learning_rate(sample_data_dir):
+    from tiny_llm.data import load_token_array
+    from tiny_llm.muon import muon_adamw
+    from tiny_llm.train import update_weights
+
+    model = ModernGPT(replace(PRESETS["tiny"], vocab_size=1300, tie_embeddings=False))
+    cfg = replace(run_config(sample_data_dir, "unused"), batch_size=2, lr=1e-3, lr_muon=4.0,
+                  lr_embed=30.0, lr_gains=2.0, muon_scale="shape")
+    optimizer = muon_adamw(model, cfg)
+    data = load_token_array(sample_data_dir / "train.bin")
+    update_weights(model, optimizer, data, cfg, torch.device("cpu"), torch.Generator(), 2e-4, 0)
+    lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
+    assert lrs == pytest.approx({"muon": 8e-4, "embed": 6e-3, "gains": 4e-4})
+    embed = next(g["params"] for g in optimizer.param_groups if g["name"] == "embed")
+    assert any(p is model.lm_head.weight for p in embed)  # an untied head learns with it
+    assert optimizer.param_groups[0]["muon_scale"] == "shape"
+
+
+def test_the_parts_and_story_rows_train_from_flags_and_resume_keeps_them(sample_data_dir,
+                                                                         tmp_path):
+    from tiny_llm.checkpoint import load_checkpoint
+    from tiny_llm.train import train
+
+    cfg = run_config(sample_data_dir, tmp_path, qk_norm=True, untied=True, mlp="relu2",
+                     story_starts=True, muon_scale="shape", lr_embed=10.0)
+    result = train(cfg)
+    ckpt = load_checkpoint(result["checkpoint"])
+    c = ckpt["config"]
+    assert (c["qk_norm"], c["tie_embeddings"], c["mlp"], c["d_ff"]) == (True, False, "relu2", 256)
+    assert ckpt["train_config"]["story_starts"] and math.isfinite(result["val_loss"])
+    with pytest.raises(ValueError, match=r"--qk_norm False \(the run has True\)"):
+        train(replace(cfg, resume=True, qk_norm=False, max_steps=8))
+
+
+def test_story_rows_start_each_window_at_a_story_and_keep_get_batchs_shift():
+    import numpy as np
+
+    from tiny_llm.data import get_batch
+    from tiny_llm.tuning import StoryRows
+
+    tokens = np.array([5, 6, 7, 0, 8, 9, 0, 10, 11, 12, 13, 0, 14], dtype=np.uint16)
+    rows = StoryRows(tokens, eot_id=0, seq_len=3)  # stories start at 0, 4, 7 (12: too late)
+    assert rows.starts.tolist() == [0, 4, 7]  # 10, three on from 7, would end past the data
+    long = np.array([1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 0, 1], dtype=np.uint16)
+    assert StoryRows(long, eot_id=0, seq_len=3).starts.tolist() == [0, 3, 6, 8]  # all 7 read
+    x, y = get_batch(rows, 200, 3, generator=torch.Generator().manual_seed(0))
+    assert {tuple(r) for r in x.tolist()} == {(5, 6, 7), (8, 9, 0), (10, 11, 12)}
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    with pytest.raises(ValueError, match="made for 3 tokens, asked for 4"):
+        get_batch(rows, 2, 4)
+    with pytest.raises(ValueError, match="only 1 story starts 3 tokens or more before the end"):
+        StoryRows(np.array([5, 6, 7], dtype=np.uint16), eot_id=0, seq_len=2)

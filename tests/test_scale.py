@@ -21,6 +21,7 @@ from tiny_llm.paths import REPO_ROOT
 from tiny_llm.processes import OneProcess
 from tiny_llm.scale import DataParallel, compare, crossover_tokens, ring_bytes
 from tiny_llm.train import TrainConfig, accumulate_gradients, start_run, train
+from tiny_llm.tuning import StoryRows
 
 TIMEOUT = 180  # seconds: a hung collective fails the test instead of the suite
 
@@ -72,6 +73,10 @@ def test_a_rank_reads_only_its_own_rows_and_stays_in_step(sample_data_dir, monke
     mine = get_batch(data, 8, 16, "cpu", mine_gen, part=slice(4, 8))
     assert torch.equal(mine[0], whole[0][4:]) and torch.equal(mine[1], whole[1][4:])
     assert torch.equal(mine_gen.get_state(), whole_gen.get_state())  # all 8 drawn: in step
+    rows = StoryRows(data, eot_id=0, seq_len=16)  # step 15's story rows split the same way
+    whole = get_batch(rows, 8, 16, "cpu", torch.Generator().manual_seed(3))
+    mine = get_batch(rows, 8, 16, "cpu", torch.Generator().manual_seed(3), part=slice(4, 8))
+    assert torch.equal(mine[0], whole[0][4:]) and torch.equal(mine[1], whole[1][4:])
     # the training step: rank 1 of 2 asks for 2 x 4 windows and gets 4 rows, not 8 to slice
     seen = []
     real_get_batch = train_module.get_batch

@@ -38,7 +38,7 @@ STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block
 HELPERS = {"__init__": 1, "buildup": 1, "workalong": 1, "files": 1, "paths": 1, "diagrams": 2,
            "bpe": 2, "sample_stories": 2, "prepared": 3, "checks": 4, "loss": 10, "budget": 10,
            "checkpoint": 9, "processes": 10, "muon": 10, "flags": 10, "plots": 11, "posenc": 14,
-           "studio": 17}
+           "tuning": 15, "studio": 17}
 FIRST_STEP = {**{f"{name}.py": step for name, step in HELPERS.items()},
               **{f"{name}.py": number for number, name in enumerate(STEPS, 1)}}
 

@@ -315,11 +315,6 @@ def get_batch(data, batch_size, seq_len, device=None, generator=None, part=slice
     check_sizes(data, seq_len, batch_size)
     starts = torch.randint(len(data) - seq_len, (batch_size,), generator=generator)
     starts = starts[part]  # a rank's rows; drawing all B keeps the ranks in step
-    return windows(data, starts, seq_len, device)
-
-
-def windows(data, starts, seq_len, device=None):
-    """x, y (len(starts), T) int64 on `device`: the windows of `data` at `starts`, y one on."""
     rows = starts.numpy()[:, None] + np.arange(seq_len + 1)  # (B, T+1) positions to read
     window = torch.from_numpy(data[rows].astype(np.int64))  # reads B·(T+1) tokens from disk
     x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()
@@ -327,38 +322,6 @@ def windows(data, starts, seq_len, device=None):
         x, y = x.pin_memory(), y.pin_memory()  # copy runs beside the GPU's work, without a wait
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     return (x, y) if device is None else (x.to(device), y.to(device))
-
-
-class StoryRows:
-    """Step 15: training windows aligned to the stories, as the speedruns align rows to
-    documents: each begins at a story's first token (just after an EOT, or token 0) or a whole
-    number of windows on from it, so every token of a long story is still read; get_batch draws
-    them in its place. A window runs on into the next story if its own ends first."""
-
-    def __init__(self, data, eot_id, seq_len):
-        check_sizes(data, seq_len)
-        firsts = np.concatenate([[0], np.flatnonzero(np.asarray(data) == eot_id) + 1])
-        lengths = np.diff(np.append(firsts, len(data))) - 1  # each story's tokens, without EOT
-        chunks = np.maximum(1, (lengths + seq_len - 1) // seq_len)  # windows to read them all
-        offsets = np.arange(chunks.sum()) - np.repeat(np.cumsum(chunks) - chunks, chunks)
-        starts = np.repeat(firsts, chunks) + offsets * seq_len
-        self.data, self.seq_len = data, seq_len
-        self.starts = torch.from_numpy(starts[starts < len(data) - seq_len])
-        if len(self.starts) < 2:  # every row would be the same window
-            raise ValueError(f"only {len(self.starts)} story starts {seq_len + 1} tokens or more "
-                             f"before the end of the data ({len(data):,} tokens, EOT id "
-                             f"{eot_id}): prepare stories with tiny_llm.data, or leave out "
-                             "--story-starts")
-
-    def __len__(self):
-        return len(self.data)
-
-    def get_batch(self, batch_size, seq_len, device=None, generator=None, part=slice(None)):
-        """As data.get_batch, but each window begins where StoryRows lets one begin."""
-        if seq_len != self.seq_len:
-            raise ValueError(f"the rows were made for {self.seq_len} tokens, asked for {seq_len}")
-        i = torch.randint(len(self.starts), (batch_size,), generator=generator)[part]
-        return windows(self.data, self.starts[i], seq_len, device)
 
 
 class NextTokenDataset(torch.utils.data.Dataset):

@@ -16,20 +16,15 @@ from pathlib import Path
 from tiny_llm.budget import parse_duration
 from tiny_llm.checkpoint import model_class, resumed_config
 from tiny_llm.paths import RUNS_DIR
+from tiny_llm.tuning import check_tuning
 
 # A preset's own training recipe, where the defaults (chosen on the 2-core CPU) do not suit it;
 # flags given still win. `gpu`: 4x the CPU's tokens per step, a lower peak for a model 20x the
 # size, compiled where Triton is. Not yet run on a GPU (docs/troubleshooting.md).
 RECIPES = {"gpu": dict(batch_size=64, lr=3e-3,
                        compile=importlib.util.find_spec("triton") is not None),
-           # step 15's 10-minute recipe for ModernGPT, tuned as the speedruns tune theirs
-           ("modern", "cpu"): dict(lr=6e-3, lr_embed=3.0, qk_norm=True)}
-
-
-def recipe(model, preset):
-    """The recipe of a preset (any model's), with one model's own for it on top."""
-    return {**RECIPES.get(preset, {}), **RECIPES.get((model, preset), {})}
-
+           # step 15: one model's own recipe for a preset (ModernGPT's screened peak)
+           ("modern", "cpu"): dict(lr=3e-3)}
 
 def check_config(cfg):
     """Raise a clear error for a TrainConfig setting that cannot work; called once, when the
@@ -57,41 +52,12 @@ def check_config(cfg):
             and cfg.grad_clip >= 0):
         raise ValueError(f"need 0 < lr < 1, 0 <= min_lr <= lr, weight_decay, grad_clip >= 0; "
                          f"got {cfg.lr}, {cfg.min_lr}, {cfg.weight_decay}, {cfg.grad_clip}")
-    scales = {f"lr_{g}": getattr(cfg, f"lr_{g}") for g in ("muon", "embed", "head", "gains")}
-    if not all(isinstance(v, (int, float)) and 0 < v * cfg.lr < 1 for v in scales.values()):
-        raise ValueError(f"each group's learning rate, --lr times its scale, must lie in (0, 1); "
-                         f"got --lr {cfg.lr} and {scales}")
-    if cfg.optimizer == "adamw" and any(v != 1 for v in scales.values()):
-        raise ValueError("--lr-muon, --lr-embed, --lr-head and --lr-gains scale the groups of "
-                         "--optimizer muon; with adamw, leave them at 1")
-    if cfg.muon_scale not in ("rms", "shape"):
-        raise ValueError(f"muon_scale must be rms or shape, got {cfg.muon_scale!r}")
-    parts = {"--qk-norm": cfg.qk_norm, "--untied": cfg.untied, "--mlp": cfg.mlp != "swiglu",
-             "--value-embeds": cfg.value_embeds, "--x0-mix": cfg.x0_mix,
-             "--logit-softcap": cfg.logit_softcap}
-    if cfg.model != "modern" and any(parts.values()):
-        raise ValueError(f"{', '.join(n for n, v in parts.items() if v)} change a part of "
-                         f"ModernGPT (step 15): add --model modern, or leave them out")
-    replace(presets[cfg.preset], **model_parts(cfg))  # ModernConfig's own checks, e.g. --mlp
-    if cfg.story_starts and cfg.requests:  # step 17's rows
-        raise ValueError("--requests rows each start at a request already: leave out "
-                         "--story-starts")
+    check_tuning(cfg)  # step 15's settings (tiny_llm/tuning.py)
 
 
 # What a checkpoint fixes (its weights and optimizer state fit only these): --resume refuses others.
 FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer", "muon_scale", "qk_norm", "untied",
                    "mlp", "value_embeds", "x0_mix", "logit_softcap")
-
-
-def model_parts(cfg):
-    """The ModernConfig fields of a run's part flags (step 15); {} for step 08's GPT."""
-    if cfg.model != "modern":
-        return {}
-    parts = dict(qk_norm=cfg.qk_norm, tie_embeddings=not cfg.untied, mlp=cfg.mlp,
-                 value_embeds=cfg.value_embeds, x0_mix=cfg.x0_mix, logit_softcap=cfg.logit_softcap)
-    if cfg.mlp == "relu2":  # two matrices instead of SwiGLU's three: 4·d_model wide
-        parts["d_ff"] = 4 * model_class(cfg.model).presets[cfg.preset].d_model
-    return parts
 
 
 def check_resume_settings(cfg, saved, path):
@@ -131,9 +97,9 @@ def parse_train_args(config_class):
     args = parser.parse_args()
     given = {f.name: getattr(args, f.name) for f in fields(config_class)
              if getattr(args, f.name) is not None}
-    defaults = config_class()
-    own = recipe(given.get("model", defaults.model), given.get("preset", defaults.preset))
-    cfg = replace(defaults, **{**own, **given})
+    defaults = config_class()  # a preset's recipe, then one model's own for it (step 15)
+    key = (given.get("model", defaults.model), given.get("preset", defaults.preset))
+    cfg = replace(defaults, **{**RECIPES.get(key[1], {}), **RECIPES.get(key, {}), **given})
     if cfg.resume:
         cfg = resumed_config(Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt", config_class,
                              given)

@@ -18,22 +18,15 @@ hardware and in float32 elsewhere, and stacks the matrices of one shape into one
 product; its result matches torch.optim.Muon's within bfloat16 rounding.
 """
 
-import math
 from collections import defaultdict
 
 import torch
 import torch.nn as nn
 
 from tiny_llm.device import has_bf16_hardware
+from tiny_llm.tuning import MUON_SCALES
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic of Muon's reference implementation
-
-
-# Muon's step size for an (A, B) matrix, times the learning rate. rms (Moonshot, 2025): 0.2·√max,
-# an update of AdamW's typical size, so one learning rate serves Muon and AdamW alike. shape
-# (modded-nanogpt): √max(1, A/B), 1 for a square matrix; Muon then wants its own, larger rate.
-MUON_SCALES = {"rms": lambda a, b: 0.2 * math.sqrt(max(a, b)),
-               "shape": lambda a, b: math.sqrt(max(1.0, a / b))}
 
 
 def newton_schulz_dtype(device):
@@ -65,24 +58,21 @@ def orthogonalize(g, steps=5, eps=1e-7):
 
 
 def muon_groups(model, weight_decay):
-    """Parameter groups: Muon's hidden matrices, AdamW's embedding tables, AdamW's output head
-    (an untied model's only) and AdamW's gains (no decay), each named for its learning-rate
-    scale (step 15: TrainConfig's lr_muon, lr_embed, lr_head, lr_gains).
+    """Three parameter groups: Muon's hidden matrices, AdamW's tables, AdamW's gains (no decay).
 
-    The tables are every nn.Embedding; the head is the Linear that is a direct child of the
-    model, not inside a block. A tied head is the embedding: parameters() lists it once.
+    The tables are every nn.Embedding and the output head (the Linear that is a direct child of
+    the model, not inside a block): their rows are looked up or scored one token at a time.
     """
-    heads = {id(p) for m in model.children() if isinstance(m, nn.Linear) for p in m.parameters()}
-    embeddings = {id(p) for m in model.modules() if isinstance(m, nn.Embedding)
-                  for p in m.parameters()}
-    groups = {"muon": [], "embed": [], "head": [], "gains": []}
-    for p in model.parameters():
-        kind = ("embed" if id(p) in embeddings else "head" if id(p) in heads
-                else "muon" if p.dim() == 2 else "gains")
+    heads = [m for m in model.children() if isinstance(m, nn.Linear)]
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    tables = {id(p) for m in heads + embeddings for p in m.parameters()}
+    groups = {"muon": [], "tables": [], "gains": []}
+    for p in model.parameters():  # a tied head is the embedding: parameters() lists it once
+        kind = "tables" if id(p) in tables else "muon" if p.dim() == 2 else "gains"
         groups[kind].append(p)
-    return [{"params": groups[kind], "name": kind, "muon": kind == "muon",
-             "weight_decay": 0.0 if kind == "gains" else weight_decay}
-            for kind in ("muon", "embed", "head", "gains") if groups[kind]]
+    return [{"params": groups["muon"], "muon": True, "weight_decay": weight_decay},
+            {"params": groups["tables"], "muon": False, "weight_decay": weight_decay},
+            {"params": groups["gains"], "muon": False, "weight_decay": 0.0}]
 
 
 def muon_momentum(step, warmup_steps, start=0.85, end=0.95):
@@ -96,8 +86,10 @@ def muon_adamw(model, cfg):
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         raise ValueError("--optimizer muon needs whole matrices, and FSDP2 (step 16) shards "
                          "them: train with DDP (no --shard) or with --optimizer adamw")
-    return MuonAdamW(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95),
-                     muon_scale=cfg.muon_scale)
+    groups = muon_groups(model, cfg.weight_decay)
+    for group, name in zip(groups, ("muon", "embed", "gains"), strict=True):  # step 15's
+        group.update(name=name, muon_scale=cfg.muon_scale)  # lr_<name> and Muon's step rule
+    return MuonAdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -110,15 +102,12 @@ class MuonAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                 momentum=0.95, ns_steps=5, muon_scale="rms"):
+                 momentum=0.95, ns_steps=5):
         if not 0 < lr < 1 or not 0 <= momentum < 1:
             raise ValueError(f"need 0 < lr < 1 and 0 <= momentum < 1, got lr={lr}, "
                              f"momentum={momentum}")
-        if muon_scale not in MUON_SCALES:
-            raise ValueError(f"muon_scale must be one of {', '.join(MUON_SCALES)}, got "
-                             f"{muon_scale!r}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        momentum=momentum, ns_steps=ns_steps, muon=False, muon_scale=muon_scale)
+                        momentum=momentum, ns_steps=ns_steps, muon=False)
         super().__init__(params, defaults)
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):

@@ -29,7 +29,7 @@ from tiny_llm.checkpoint import (
     save_run,
     stop_on_ctrl_c,
 )
-from tiny_llm.data import StoryRows, ensure_data, get_batch, load_meta, load_token_array
+from tiny_llm.data import ensure_data, get_batch, load_meta, load_token_array
 from tiny_llm.device import (
     BusyWatch,
     autocast,
@@ -45,7 +45,6 @@ from tiny_llm.device import (
 from tiny_llm.flags import (
     check_config,
     check_resume_settings,
-    model_parts,
     parse_train_args,
     resume_command,
 )
@@ -54,12 +53,13 @@ from tiny_llm.loss import mean_loss
 from tiny_llm.muon import muon_adamw, muon_momentum
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
 from tiny_llm.processes import ONE_PROCESS, hold_run_folder
+from tiny_llm.tuning import StoryRows, Tuning, model_parts
 
 NO_SCALING = grad_scaler(torch.device("cpu"), "float32")  # a disabled scaler: every call a no-op
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Tuning):  # step 15's fields (lr_embed, qk_norm ...) come from tuning.py
     """Everything that defines a run. It is saved in the checkpoint, so --resume reuses it."""
 
     model: str = "gpt"  # which model: gpt (step 08) or modern (step 15)
@@ -86,20 +86,6 @@ class TrainConfig:
     dtype: str = "auto"  # float32, bfloat16 or float16 (autocast); auto: by device (step 13)
     compile: bool = False  # torch.compile the model: faster steps after a compile of a minute
     seed: int = 1337
-    # Step 15, the speedruns' recipe: each group's learning rate as a multiple of lr ...
-    lr_muon: float = 1.0  # the matrices inside the blocks (Muon)
-    lr_embed: float = 1.0  # the embedding tables (and a tied output head)
-    lr_head: float = 1.0  # an untied output head
-    lr_gains: float = 1.0  # norms' gains, biases and other scalars
-    muon_scale: str = "rms"  # Muon's step per matrix: rms 0.2·√max(A, B), shape √max(1, A/B)
-    story_starts: bool = False  # every training row starts where a story starts
-    # ... and ModernGPT's optional parts (--model modern): see ModernConfig
-    qk_norm: bool = False
-    untied: bool = False  # an output head of its own (tie_embeddings=False)
-    mlp: str = "swiglu"
-    value_embeds: bool = False
-    x0_mix: bool = False
-    logit_softcap: float = 0.0
     data_dir: str = str(DATA_DIR)
     init_from: str | None = None  # step 17: start from this checkpoint's weights (fine-tuning)
     requests: str | None = None  # step 17: request rows: derived, or TinyStories-Instruct
@@ -297,7 +283,7 @@ def train_in_folder(cfg, parallel):
     if cfg.requests:  # step 17 (imported by its flag): rows of a request and its story
         from tiny_llm.instruct import request_rows
         train_data, valid_data = request_rows(cfg, train_data, valid_data, gpt.config.max_seq_len)
-    if cfg.story_starts:  # step 15: rows aligned to the stories, as the speedruns align theirs
+    if cfg.story_starts:  # step 15: rows aligned to the stories
         train_data = StoryRows(train_data, meta["eot_id"], gpt.config.max_seq_len)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
     print_setup(cfg, meta, gpt, device, tokens_per_step, parallel.world_size)
