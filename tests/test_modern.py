@@ -648,7 +648,7 @@ def test_the_parts_and_story_rows_train_from_flags_and_resume_keeps_them(sample_
     c = ckpt["config"]
     assert (c["qk_norm"], c["tie_embeddings"], c["mlp"], c["d_ff"]) == (True, False, "relu2", 256)
     assert ckpt["train_config"]["story_starts"] and math.isfinite(result["val_loss"])
-    with pytest.raises(ValueError, match=r"--qk_norm False \(the run has True\)"):
+    with pytest.raises(ValueError, match=r"--qk-norm False \(the run has True\)"):
         train(replace(cfg, resume=True, qk_norm=False, max_steps=8))
 
 

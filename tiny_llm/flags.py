@@ -62,16 +62,24 @@ FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer", "muon_scale", "qk_
 
 def check_resume_settings(cfg, saved, path):
     """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds."""
-    changed = [f"--{name} {getattr(cfg, name)} (the run has {saved[name]})"
+    changed = [f"--{name.replace('_', '-')} {getattr(cfg, name)} (the run has {saved[name]})"
                for name in FIXED_ON_RESUME if name in saved and getattr(cfg, name) != saved[name]]
     if changed:
-        accepted = [f"--{f.name.replace('_', '-')}" for f in fields(cfg)
+        accepted = [f"--{f.name.replace('_', '-')}" for f in own_fields_first(cfg)
                     if f.name not in (*FIXED_ON_RESUME, "resume")]
+        fixed = ", ".join("--" + n.replace("_", "-") for n in FIXED_ON_RESUME)
         raise ValueError(
             f"--resume cannot change what the run in {path} fixed: {', '.join(changed)}. "
-            f"With --resume, leave out {', '.join('--' + n for n in FIXED_ON_RESUME)}; it "
+            f"With --resume, leave out {fixed}; it "
             f"accepts {', '.join(accepted)} and --sample-tokens. To train another model, start "
             "a new run with another --out")
+
+
+def own_fields_first(config):
+    """The fields of a config (class or instance), its own before those it inherits (step 15's
+    Tuning): the order of --help and of the flags a message lists."""
+    own = vars(config if isinstance(config, type) else type(config)).get("__annotations__", {})
+    return sorted(fields(config), key=lambda f: f.name not in own)
 
 
 def resume_command(cfg):
@@ -85,7 +93,7 @@ def parse_train_args(config_class):
     (--max-steps). With --resume the saved run's settings replace the defaults; flags given
     override them."""
     parser = argparse.ArgumentParser(description="Step 10: train a GPT (flags: TrainConfig).")
-    for f in fields(config_class):
+    for f in own_fields_first(config_class):
         flag = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):  # --qk-norm, and --no-qk-norm against a recipe's
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
