@@ -53,7 +53,7 @@ from tiny_llm.loss import mean_loss
 from tiny_llm.muon import muon_adamw, muon_momentum
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
 from tiny_llm.processes import ONE_PROCESS, hold_run_folder
-from tiny_llm.tuning import StoryRows, Tuning, model_parts
+from tiny_llm.tuning import Tuning, model_parts, story_rows
 
 NO_SCALING = grad_scaler(torch.device("cpu"), "float32")  # a disabled scaler: every call a no-op
 
@@ -283,8 +283,7 @@ def train_in_folder(cfg, parallel):
     if cfg.requests:  # step 17 (imported by its flag): rows of a request and its story
         from tiny_llm.instruct import request_rows
         train_data, valid_data = request_rows(cfg, train_data, valid_data, gpt.config.max_seq_len)
-    if cfg.story_starts:  # step 15: rows aligned to the stories
-        train_data = StoryRows(train_data, meta["eot_id"], gpt.config.max_seq_len)
+    train_data = story_rows(cfg, train_data, meta["eot_id"], gpt.config.max_seq_len)  # step 15
     tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
     print_setup(cfg, meta, gpt, device, tokens_per_step, parallel.world_size)
     if parallel.rank == 0:  # standard error: machine facts, like the progress bar

@@ -106,5 +106,11 @@ class StoryRows:
         if seq_len != self.seq_len:
             raise ValueError(f"the rows were made for {self.seq_len} tokens, asked for {seq_len}")
         i = torch.randint(len(self.starts), (batch_size,), generator=generator)[part]
-        x, y = map(torch.stack, zip(*(self.windows[s] for s in self.starts[i].tolist())))
+        x, y = map(torch.stack, zip(*(self.windows[s] for s in self.starts[i].tolist()),
+                                    strict=True))
         return (x, y) if device is None else (x.to(device), y.to(device))
+
+
+def story_rows(cfg, data, eot_id, seq_len):
+    """The training rows: aligned to the stories with --story-starts, else the data as it is."""
+    return StoryRows(data, eot_id, seq_len) if cfg.story_starts else data
