@@ -45,7 +45,7 @@ from tiny_llm.gpt import PRESETS as GPT_PRESETS
 from tiny_llm.modern import PRESETS, ModernGPT, RMSNorm
 from tiny_llm.muon import muon_adamw
 from tiny_llm.train import TrainConfig, lr_at, param_groups, update_weights
-from tiny_llm.tuning import StoryRows
+from tiny_llm.tuning import story_rows
 
 ROWS = ("gpt", "+rmsnorm", "+rope", "+swiglu", "+no-bias", "+muon", "+gqa", "+untied")
 
@@ -184,8 +184,7 @@ def run_row(row, seed, args, meta, train_data, valid_data):
             zero_residual_outputs(model)
         cfg = replace(TrainConfig(), seed=seed, dtype="float32", min_lr=0.0, **recipe)
         muon = True
-        if cfg.story_starts:  # the loop's rows, as tiny_llm.train --story-starts draws them
-            train_data = StoryRows(train_data, meta["eot_id"], model.config.max_seq_len)
+        train_data = story_rows(cfg, train_data, meta["eot_id"], model.config.max_seq_len)
     steps, cpu_s, wall_s, train_loss = train_for(model, train_data, args.seconds, cfg, muon,
                                                  args.steps)
     tokens = steps * cfg.batch_size * model.config.max_seq_len

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from tiny_llm.device import has_bf16_hardware
-from tiny_llm.tuning import MUON_SCALES
+from tiny_llm.tuning import GROUPS, MUON_SCALES
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic of Muon's reference implementation
 
@@ -87,7 +87,7 @@ def muon_adamw(model, cfg):
         raise ValueError("--optimizer muon needs whole matrices, and FSDP2 (step 16) shards "
                          "them: train with DDP (no --shard) or with --optimizer adamw")
     groups = muon_groups(model, cfg.weight_decay)
-    for group, name in zip(groups, ("muon", "embed", "gains"), strict=True):  # step 15's
+    for group, name in zip(groups, GROUPS, strict=True):  # step 15: muon, embed, gains
         group.update(name=name, muon_scale=cfg.muon_scale)  # lr_<name> and Muon's step rule
     return MuonAdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
 

@@ -23,6 +23,7 @@ from tiny_llm.data import NextTokenDataset
 MUON_SCALES = {"rms": lambda a, b: 0.2 * math.sqrt(max(a, b)),
                "shape": lambda a, b: math.sqrt(max(1.0, a / b))}
 GROUPS = ("muon", "embed", "gains")  # MuonAdamW's groups, in muon_groups' order
+PARTS = ("qk_norm", "untied", "mlp", "value_embeds", "x0_mix", "logit_softcap")  # ModernGPT's
 
 
 @dataclass
@@ -65,12 +66,10 @@ def check_tuning(cfg):
     if cfg.muon_scale not in MUON_SCALES:
         raise ValueError(f"muon_scale must be one of {', '.join(MUON_SCALES)}, got "
                          f"{cfg.muon_scale!r}")
-    parts = {"--qk-norm": cfg.qk_norm, "--untied": cfg.untied, "--mlp": cfg.mlp != "swiglu",
-             "--value-embeds": cfg.value_embeds, "--x0-mix": cfg.x0_mix,
-             "--logit-softcap": cfg.logit_softcap}
-    if cfg.model != "modern" and any(parts.values()):
-        raise ValueError(f"{', '.join(n for n, v in parts.items() if v)} change a part of "
-                         f"ModernGPT (step 15): add --model modern, or leave them out")
+    changed = ["--" + n.replace("_", "-") for n in PARTS if getattr(cfg, n) != getattr(Tuning, n)]
+    if cfg.model != "modern" and changed:
+        raise ValueError(f"{', '.join(changed)} change a part of ModernGPT (step 15): add "
+                         "--model modern, or leave them out")
     replace(model_class(cfg.model).presets[cfg.preset], **model_parts(cfg))  # its own checks
     if cfg.story_starts and cfg.requests:  # step 17's rows
         raise ValueError("--requests rows each start at a request already: leave out "
@@ -97,9 +96,6 @@ class StoryRows:
                              f"before the end of the data ({len(data):,} tokens, EOT id "
                              f"{eot_id}): prepare stories with tiny_llm.data, or leave out "
                              "--story-starts")
-
-    def __len__(self):
-        return len(self.data)
 
     def get_batch(self, batch_size, seq_len, device=None, generator=None, part=slice(None)):
         """As data.get_batch, but each window begins where StoryRows lets one begin."""
