@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiny_llm.buildup import (  # noqa: F401 (re-exported for the tests)
+from tiny_llm.course.buildup import (  # noqa: F401 (re-exported for the tests)
     FENCE,
     console_commands,
     line_matches,
@@ -107,8 +107,8 @@ def source_pieces(block):
 
 def missing_piece(block):
     """Return None when the block appears in its file as the file stands at the chapter's step
-    (tiny_llm/ files: the build-up's state, tiny_llm.buildup), else say what is missing."""
-    from tiny_llm import buildup
+    (tiny_llm/ files: the build-up's state, tiny_llm.course.buildup), else say what is missing."""
+    from tiny_llm.course import buildup
 
     path, pieces = source_pieces(block)
     if path.startswith("tiny_llm/"):
@@ -143,7 +143,7 @@ def command_modules(command, files):
     `python scripts/z.py`, `python -c CODE` and torchrun's `... -m tiny_llm.x` are read."""
     import shlex
 
-    from tiny_llm import buildup
+    from tiny_llm.course import buildup
 
     argv = shlex.split(command)[3:]
     if "torch.distributed.run" in argv[:2]:
@@ -153,7 +153,7 @@ def command_modules(command, files):
     if len(argv) < 2 and not (argv and argv[0].endswith(".py")):
         return None
     if argv[0] == "-m" and argv[1].startswith("tiny_llm."):
-        return buildup.imports(files, argv[1].split(".")[1])
+        return buildup.imports(files, argv[1].split(".", 1)[1])
     if argv[0] == "-c":
         source = argv[1]
     else:
@@ -172,7 +172,7 @@ PLAYED = range(4, 11)
 
 def learner_checked(block):
     """Whether test_learner_path runs this console block at its step's state."""
-    from tiny_llm import workalong
+    from tiny_llm.course import workalong
 
     step = chapter_step(block.chapter)
     if step not in PLAYED:
@@ -184,14 +184,15 @@ def learner_checked(block):
 def same_at_head(block):
     """Whether every tiny_llm module the block's commands run is byte-identical at the block's
     step and at the repository's head: then one run proves the block at both."""
-    from tiny_llm import buildup
+    from tiny_llm.course import buildup
 
     at_step, head = buildup.state(chapter_step(block.chapter)), buildup.finished()
     for command, _ in commands(block):
         names = [command_modules(command, files) for files in (at_step, head)]
         if None in names:
             return False
-        if any(at_step.get(f"{n}.py") != head.get(f"{n}.py") for n in names[0] | names[1]):
+        file = buildup.module_file
+        if any(at_step.get(file(n)) != head.get(file(n)) for n in names[0] | names[1]):
             return False
     return True
 
@@ -216,7 +217,7 @@ def _become(argv):
 
     sys.modules["__main__"] = types.ModuleType("__main__")  # not this file's: an empty one
     for name in [n for n in sys.modules if n == "tiny_llm" or n.startswith("tiny_llm.")]:
-        del sys.modules[name]  # this file uses tiny_llm.buildup; a command imports its own
+        del sys.modules[name]  # this file uses tiny_llm.course.buildup; a command imports its own
     if argv[0] == "-m":
         sys.argv = ["-m", *argv[2:]]  # runpy puts the module's file in argv[0], as `-m` does
         sys.path[0] = os.getcwd()

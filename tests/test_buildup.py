@@ -1,6 +1,6 @@
 """The build-up: the package as it stands at every step, proven to apply, import and pass.
 
-tiny_llm/buildup.py derives the state at each step from the finished package and the chapters'
+tiny_llm/course/buildup.py derives the state at each step from the finished package and the chapters'
 diff blocks. Here: each chapter's diffs take the state before it to the state after it; each
 state imports; the step's own tests pass on the state at that step (run on the state only where
 it differs from the finished package: otherwise the rest of the suite already ran them). Each
@@ -15,8 +15,8 @@ import sys
 import pytest
 from chapters import PLAYED, run_python
 
-from tiny_llm import buildup
-from tiny_llm.buildup import ROOT, STEPS, ChangeError, apply, state
+from tiny_llm.course import buildup
+from tiny_llm.course.buildup import ROOT, STEPS, ChangeError, apply, state
 
 LAST = len(STEPS)
 
@@ -31,11 +31,14 @@ def test_each_chapters_diffs_take_the_state_before_it_to_the_state_after_it(step
 
 
 def test_the_state_at_the_last_step_is_the_finished_package(tmp_path):
-    from tiny_llm import workalong
+    from tiny_llm.course import workalong
 
     assert workalong.main(["--state", str(LAST), "--out", str(tmp_path)]) == 0
-    written = {p.name: p.read_text() for p in (tmp_path / "tiny_llm").glob("*.py")}
-    assert written == {p.name: p.read_text() for p in (ROOT / "tiny_llm").glob("*.py")}
+    written, package = tmp_path / "tiny_llm", ROOT / "tiny_llm"
+    names = buildup.package_files(written)
+    assert "studio.html" in names and "course/workalong.py" in names  # every file, not only .py
+    assert names == buildup.package_files(package)
+    assert all((written / n).read_bytes() == (package / n).read_bytes() for n in names)
 
 
 def signature(files, qualified):
@@ -80,7 +83,7 @@ def test_a_diff_that_does_not_fit_names_the_chapter_and_the_lines(tmp_path, monk
 
 
 def test_workalong_state_refuses_a_step_that_does_not_exist(capsys, tmp_path):
-    from tiny_llm import workalong
+    from tiny_llm.course import workalong
 
     last = len(buildup.STEPS)
     with pytest.raises(SystemExit):
@@ -110,16 +113,20 @@ for folder in sorted(pathlib.Path({str(states)!r}).iterdir()):
     for name in [n for n in sys.modules if n == "tiny_llm" or n.startswith("tiny_llm.")]:
         del sys.modules[name]
     sys.path[0] = str(folder)
-    names = sorted(p.stem for p in (folder / "tiny_llm").glob("*.py") if p.stem != "__init__")
+    names = sorted(p.relative_to(folder / "tiny_llm").with_suffix("").as_posix().replace("/", ".")
+                   for p in (folder / "tiny_llm").rglob("*.py") if p.stem != "__init__")
     for name in names:
         module = importlib.import_module("tiny_llm." + name)
-        assert module.__file__ == str(folder / "tiny_llm" / (name + ".py")), module.__file__
+        want = folder / "tiny_llm" / (name.replace(".", "/") + ".py")
+        assert module.__file__ == str(want), module.__file__
     print(folder.name, len(names))
 """
     proc = run_python(["-c", code], states, dict(os.environ), 300, warm_python)
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = dict(line.split() for line in proc.stdout.split("\n") if line)
-    assert counts == {f"{s:02d}": str(len(state(s)) - 1) for s in range(1, LAST + 1)}
+    modules = {s: [n for n in state(s) if n.endswith(".py") and not n.endswith("__init__.py")]
+               for s in range(1, LAST + 1)}
+    assert counts == {f"{s:02d}": str(len(modules[s])) for s in range(1, LAST + 1)}
 
 
 def step_test_modules(step):
@@ -134,16 +141,18 @@ def step_test_modules(step):
                     a.name for a in node.names]
                 used |= set(names)
     files = state(step)
-    return set().union(*(buildup.imports(files, name) for name in used if f"{name}.py" in files))
+    return set().union(*(buildup.imports(files, name) for name in used
+                         if buildup.module_file(name) in files))
 
 
 @pytest.mark.parametrize("step", [s for s in range(1, LAST + 1) if s not in PLAYED])
 def test_each_steps_tests_pass_on_the_state_at_that_step(step, states, warm_python,
                                                          sample_data_dir):
     files, final = state(step), state(LAST)
-    differ = sorted(m for m in step_test_modules(step) if files[f"{m}.py"] != final[f"{m}.py"])
+    file = buildup.module_file
+    differ = sorted(m for m in step_test_modules(step) if files[file(m)] != final[file(m)])
     if not differ:  # the same code as the finished package, whose run is the rest of the suite
-        assert all(files[f"{m}.py"] == final[f"{m}.py"] for m in step_test_modules(step))
+        assert all(files[file(m)] == final[file(m)] for m in step_test_modules(step))
         return
     folder = states / f"{step:02d}"
     env = {**os.environ, "TINY_LLM_TEST_DATA_DIR": str(sample_data_dir)}
@@ -159,7 +168,9 @@ def test_each_steps_tests_pass_on_the_state_at_that_step(step, states, warm_pyth
 def test_the_course_modules_import_only_earlier_steps():
     for step in range(1, LAST + 1):
         files = state(step)
-        for name in files:
-            for used in buildup.imports(files, name[:-3]):
-                assert f"{used}.py" in files, f"step {step:02d}: {name} imports {used}"
-    assert sys.modules.get("tiny_llm.buildup") is buildup
+        for name in [n for n in files if n.endswith(".py")]:
+            module = name[:-3].replace("/", ".").removesuffix(".__init__")
+            for used in buildup.imports(files, module):
+                assert buildup.module_file(used) in files or f"{used}/__init__.py" in files, (
+                    f"step {step:02d}: {name} imports {used}")
+    assert sys.modules.get("tiny_llm.course.buildup") is buildup

@@ -24,7 +24,7 @@ from chapters import (
     source_blocks,
 )
 
-from tiny_llm import buildup
+from tiny_llm.course import buildup
 
 
 def test_every_chapter_has_run_command_output_and_exercises():
@@ -104,7 +104,7 @@ def test_a_block_runs_again_at_the_head_only_where_its_modules_differ():
 def test_the_learner_path_runs_exactly_the_state_blocks_left_out_here():
     """Steps 04-10's state runs are test_learner_path's: every block workalong checks there, and
     nothing of another step, so no block goes unchecked at its state."""
-    from tiny_llm import workalong
+    from tiny_llm.course import workalong
 
     for step in range(1, len(buildup.STEPS) + 1):
         blocks = [b for b in console_blocks() if chapter_step(b.chapter) == step]

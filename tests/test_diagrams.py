@@ -7,7 +7,7 @@ import pytest
 
 from tiny_llm.attention import draw_flow
 from tiny_llm.block import draw_block
-from tiny_llm.diagrams import PICTURES, box, canvas, matrix
+from tiny_llm.course.diagrams import PICTURES, box, canvas, matrix
 from tiny_llm.gpt import draw_model
 from tiny_llm.kvcache import draw_cache
 from tiny_llm.multihead import draw_heads
@@ -19,7 +19,7 @@ DIAGRAMS = {  # chapter image -> how its command draws it
     "07-block.png": draw_block,
     "08-gpt.png": lambda path: draw_model(path, preset="cpu"),
     "12-kvcache.png": draw_cache,
-    **PICTURES,  # 02, 13, 15: `uv run python -m tiny_llm.diagrams steps/images`
+    **PICTURES,  # 02, 13, 15: `uv run python -m tiny_llm.course.diagrams steps/images`
 }
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from chapters import PLAYED, run_python
 
-from tiny_llm import buildup, workalong
-from tiny_llm.buildup import ROOT, STEPS, squash
+from tiny_llm.course import buildup, workalong
+from tiny_llm.course.buildup import ROOT, STEPS, squash
 
 
 def chapter_lines(module, source, node):
@@ -160,7 +160,7 @@ def run_the_chapters_run_command(step, capsys):
     """Run the `workalong NN --run -- ...` command chapter `step` shows, as the learner types it:
     (the lines it printed, the lines the chapter shows)."""
     text = buildup.chapter_path(step).read_text()
-    start = f"$ uv run python -m tiny_llm.workalong {step:02d} --run -- "
+    start = f"$ uv run workalong {step:02d} --run -- "
     shown = [buildup.console_commands(body)[0] for _, _, body in buildup.fenced_blocks(text)
              if body.startswith(start)]
     assert len(shown) == 1, f"chapter {step:02d} shows no `workalong {step:02d} --run` command"

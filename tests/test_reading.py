@@ -12,7 +12,7 @@ import re
 import pytest
 from chapters import chapters
 
-from tiny_llm.buildup import FENCE
+from tiny_llm.course.buildup import FENCE
 
 READING_PACE = 200  # words a minute: technical prose, read with care
 HANDS_ON_MINUTES = {1: 10, 2: 30, 3: 25, 4: 25, 5: 25, 6: 30, 7: 30, 8: 25, 9: 25, 10: 30,

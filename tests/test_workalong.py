@@ -12,8 +12,8 @@ import subprocess
 import pytest
 from chapters import PLAYED, run_python
 
-from tiny_llm import buildup, workalong
-from tiny_llm.workalong import ROOT, STEPS, learner_file, skeleton, step_module
+from tiny_llm.course import buildup, workalong
+from tiny_llm.course.workalong import ROOT, STEPS, learner_file, skeleton, step_module
 
 # Step 16's stubs run only inside the ranks it starts (torchrun, mp.spawn): its skeleton fails
 # only in tests that start processes, too slow for this suite, so here it is made and imported.

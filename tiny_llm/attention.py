@@ -111,7 +111,7 @@ def order_checks(attn, T=8):
 
 def draw_flow(path):
     """Draw x -> q, k, v -> scores -> weights -> out with the check's head and input; save a PNG."""
-    from tiny_llm.diagrams import qkv_diagram
+    from tiny_llm.course.diagrams import qkv_diagram
 
     seed_everything(1337)
     attn = CausalSelfAttention(d_model=64, max_seq_len=64)

@@ -154,7 +154,7 @@ def plot_stds(plain, scaled, path):
 
 def draw_block(path, batch_size=4, seq_len=16, d_model=128, n_heads=4):
     """Draw one pre-norm Block with the check's shapes and its parameter counts; save a PNG."""
-    from tiny_llm.diagrams import block_diagram
+    from tiny_llm.course.diagrams import block_diagram
 
     block = Block(d_model, n_heads, max_seq_len=seq_len)
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731

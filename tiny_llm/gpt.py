@@ -181,7 +181,7 @@ def check_targets(idx, targets, vocab_size, values=True):
 
 def draw_model(path, preset="cpu", batch_size=16):
     """Draw the whole GPT of `preset` with its real shapes and parameter counts; save a PNG."""
-    from tiny_llm.diagrams import model_diagram
+    from tiny_llm.course.diagrams import model_diagram
     from tiny_llm.files import save_figure
 
     c = PRESETS[preset]

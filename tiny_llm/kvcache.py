@@ -117,7 +117,7 @@ def window_model(model):
 
 def draw_cache(path, prompt=("Once", " upon", " a", " time"), next_tokens=(",", " there")):
     """Draw prefill and one decode step with the default preset's cache sizes; save a PNG."""
-    from tiny_llm.diagrams import cache_diagram
+    from tiny_llm.course.diagrams import cache_diagram
     from tiny_llm.files import save_figure
 
     c = PRESETS[DEFAULT_PRESET]

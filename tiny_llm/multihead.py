@@ -152,7 +152,7 @@ def _describe(x):
 
 def draw_heads(path, batch_size=2, seq_len=16, d_model=64, n_heads=4):
     """Draw how (B, T, C) becomes (B, heads, T, head_size) and back, at the check's sizes."""
-    from tiny_llm.diagrams import heads_diagram
+    from tiny_llm.course.diagrams import heads_diagram
     from tiny_llm.files import save_figure
 
     sizes = {"B": batch_size, "T": seq_len, "d": d_model, "heads": n_heads}

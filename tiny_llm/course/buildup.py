@@ -1,6 +1,6 @@
-"""Shared helper: the package as it stands at the end of every step, from the chapters' changes.
+"""The course's tool: the package as it stands at the end of every step, from the chapters' changes.
 
-    uv run python -m tiny_llm.workalong --state 04 --out DIR   # DIR/tiny_llm/ as at step 04
+    uv run workalong --state 04 --out DIR   # DIR/tiny_llm/ as at step 04
 
 The finished `tiny_llm/` is the one source. A chapter shows its step's code minimal, and a later
 chapter that extends an earlier module shows the change as a diff block:
@@ -29,17 +29,22 @@ from pathlib import Path
 
 # The repository: where steps/ really is. A state written by write_state (a test's scratch
 # folder, workalong's mine/.build/) links steps/ there, so it still finds the finished package.
-ROOT = (Path(__file__).resolve().parents[1] / "steps").resolve().parent
+ROOT = (Path(__file__).resolve().parents[2] / "steps").resolve().parent
 PACKAGE = ROOT / "tiny_llm"
 STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block", "gpt",
          "generate", "train", "evaluate", "kvcache", "speed", "posenc_lab", "modern", "scale",
          "instruct", "export"]  # step 01 is device, step 18 export: the course table in README.md
-# The shared helpers, each at the first step whose module imports it.
-HELPERS = {"__init__": 1, "buildup": 1, "workalong": 1, "files": 1, "paths": 1, "diagrams": 2,
-           "bpe": 2, "sample_stories": 2, "prepared": 3, "checks": 4, "loss": 10, "budget": 10,
-           "checkpoint": 9, "processes": 10, "muon": 10, "flags": 10, "plots": 11, "posenc": 14,
-           "tuning": 15, "studio": 17}
-FIRST_STEP = {**{f"{name}.py": step for name, step in HELPERS.items()},
+# The shared helpers, each at the first step whose module imports it; the course's own tools
+# (tiny_llm/course/) are in every state, so a state folder runs the type-along and draws its
+# pictures. Every file of the package is named here (the studio's page too): a state is the
+# whole package as it stands, not only its Python.
+HELPERS = {"__init__": 1, "files": 1, "paths": 1, "course/__init__": 1, "course/buildup": 1,
+           "course/workalong": 1, "course/diagrams": 2, "bpe": 2, "sample_stories": 2,
+           "prepared": 3, "checks": 4, "loss": 10, "budget": 10, "checkpoint": 9,
+           "processes": 10, "muon": 10, "flags": 10, "plots": 11, "posenc": 14, "tuning": 15,
+           "studio": 17}
+OTHER_FILES = {"studio.html": 17}
+FIRST_STEP = {**{f"{name}.py": step for name, step in HELPERS.items()}, **OTHER_FILES,
               **{f"{name}.py": number for number, name in enumerate(STEPS, 1)}}
 
 FENCE = re.compile(r"^(`{3,})([^\n`]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
@@ -139,9 +144,23 @@ def apply(files, step, reverse=False):
     return files
 
 
+def package_files(folder):
+    """The package's own files below `folder` (a tiny_llm/), by name relative to it:
+    'gpt.py', 'course/workalong.py', 'studio.html' (no caches, no editor droppings)."""
+    return sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*")
+                  if path.is_file() and path.suffix in (".py", ".html")
+                  and "__pycache__" not in path.parts and not path.name.startswith("."))
+
+
 def finished():
-    """{file name: text} of the finished package, tiny_llm/*.py."""
-    return {path.name: path.read_text() for path in sorted(PACKAGE.glob("*.py"))}
+    """{file name: text} of the finished package: every file of tiny_llm/, the subpackage and
+    the studio's page included ('course/buildup.py', 'studio.html')."""
+    return {name: (PACKAGE / name).read_text() for name in package_files(PACKAGE)}
+
+
+def module_file(module):
+    """'gpt' -> 'gpt.py'; 'course.diagrams' -> 'course/diagrams.py'."""
+    return module.replace(".", "/") + ".py"
 
 
 _STATES = {}
@@ -177,34 +196,39 @@ def write_state(step, out):
                               "of its own; pick another --out")
     files = state(step)
     folder.mkdir(parents=True, exist_ok=True)
-    for path in folder.glob("*.py"):
-        if path.name not in files:
-            path.unlink()
+    for name in package_files(folder):
+        if name not in files:
+            (folder / name).unlink()
     for name, text in files.items():
-        tmp = folder / f".{name}.tmp-{os.getpid()}"
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         tmp.write_text(text)
-        os.replace(tmp, folder / name)
+        os.replace(tmp, target)
     return folder
 
 
 def imports(files, module):
     """The course modules that `module` imports, directly or through others, itself included
-    (with any that `files` lacks, so that a caller can say what is missing)."""
+    (with any that `files` lacks, so that a caller can say what is missing). Names are dotted
+    below tiny_llm: 'gpt', 'course.diagrams' (module_file gives the file)."""
     seen, todo = set(), [module]
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
-        if f"{name}.py" not in files:
+        if module_file(name) not in files:
             continue  # a module missing at this step: the caller decides
-        for node in _nodes(files[f"{name}.py"]):
+        for node in _nodes(files[module_file(name)]):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tiny_llm."):
-                todo.append(node.module.split(".")[1])
+                below = node.module.split(".", 1)[1]
+                subpackage = module_file(below) not in files and f"{below}/__init__.py" in files
+                todo += [f"{below}.{alias.name}" for alias in node.names] if subpackage else [below]
             elif isinstance(node, ast.ImportFrom) and node.module == "tiny_llm":
                 todo += [alias.name for alias in node.names]
             elif isinstance(node, ast.Import):
-                todo += [a.name.split(".")[1] for a in node.names
+                todo += [a.name.split(".", 1)[1] for a in node.names
                          if a.name.startswith("tiny_llm.")]
     return seen
 

@@ -1,12 +1,12 @@
 """Shared helper: write each step yourself, on top of the steps you wrote before.
 
-    uv run python -m tiny_llm.workalong 05 --plan    # what step 05 asks of you, and where
-    uv run python -m tiny_llm.workalong 05           # make mine/attention.py, test it, check it
-    uv run python -m tiny_llm.workalong 05 --run -- python scripts/smoke_test.py  # on your code
-    uv run python -m tiny_llm.workalong --state 05 --out DIR   # the package after step 05
+    uv run workalong 05 --plan    # what step 05 asks of you, and where
+    uv run workalong 05           # make mine/attention.py, test it, check it
+    uv run workalong 05 --run -- python scripts/smoke_test.py  # on your code
+    uv run workalong --state 05 --out DIR   # the package after step 05
 
 A step asks for two kinds of work. Its new module, `mine/attention.py`, starts as the module
-as it stands at step 05 (tiny_llm/buildup.py) with every body the chapter shows replaced by a
+as it stands at step 05 (tiny_llm/course/buildup.py) with every body the chapter shows replaced by a
 `NotImplementedError` that quotes the chapter's contract for it (its `### Your turn` section,
 else the paragraph that introduces its code), not its code. And where a later chapter changes a
 module you wrote earlier (step 12 gives attention a cache), you apply the chapter's diff to your
@@ -36,8 +36,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from tiny_llm import buildup
-from tiny_llm.buildup import ROOT, STEPS, squash
+from tiny_llm.course import buildup
+from tiny_llm.course.buildup import ROOT, STEPS, squash
 
 LINKED = ("tests", "solutions", "scripts", "steps")  # what the tests read from the repository
 MARKER = ".tiny-llm-workalong"  # in every folder workalong writes: only such a folder is rewritten
@@ -231,7 +231,7 @@ def skeleton(module, everything=False):
             + [f"{pad}    {part!r}" for part in wrap(" ".join(message), 88 - len(pad))]
             + [f"{pad})"])
     header = [f"# Your tiny_llm/{module}.py, step {number:02d}: replace each NotImplementedError.",
-              f"# Test it: uv run python -m tiny_llm.workalong {number:02d}   "
+              f"# Test it: uv run workalong {number:02d}   "
               f"(the answer: tiny_llm/{module}.py)"]
     return "\n".join(header + lines) + "\n", {n: shown.get(n, (chapter, ""))[0] for n, *_ in todo}
 
@@ -452,7 +452,7 @@ def check_blocks(step):
             continue
         pairs = buildup.console_commands(body)
         ours = all(c.startswith("uv run python -m tiny_llm.") for c, _ in pairs)
-        if ours and not any("tiny_llm.workalong" in c for c, _ in pairs):
+        if ours:  # `uv run workalong ...` blocks show the type-along itself, not a check
             found.append(pairs)
     return found
 
