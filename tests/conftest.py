@@ -11,6 +11,10 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Tests compare digits that a CPU printed, so what they run picks the CPU on any machine (step
+# 01's pick_device reads this; commands get it too, with the GPU hidden: tests/chapters.py).
+# The GPU paths are tested where a GPU is found, by naming the device (tests/test_gpu.py).
+os.environ["TINY_LLM_DEVICE"] = "cpu"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
