@@ -86,6 +86,7 @@ EXPECTED_SECONDS = [
     (CONSOLE + "18-export.md", 20),
     (CONSOLE + "17-requests.md", 10),  # a tiny base, a fine-tuning and a story
     ("tests/test_instruct.py", 8),
+    ("tests/test_notebook.py", 10),  # a Jupyter kernel: torch, 12 tiny steps, a story, a score
     (CONSOLE + "11-evaluate.md", 20),
     (CONSOLE + "16-scale-out.md", 15),
     ("tests/test_scale.py::test_two_ranks", 15),
