@@ -38,6 +38,8 @@ def test_the_colab_notebook_runs_top_to_bottom_on_the_cpu(sample_data_dir, tmp_p
     monkeypatch.setenv("TINY_LLM_DATA_DIR", str(sample_data_dir))  # the kernel inherits these
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("TINY_LLM_DEVICE", "cpu")
+    for name, folder in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+        monkeypatch.setenv(name, str(tmp_path / folder))  # nothing written to your home folder
     NotebookClient(notebook, timeout=120, kernel_name="python3",
                    resources={"metadata": {"path": str(REPO_ROOT)}}).execute()
     code = [c for c in notebook.cells if c.cell_type == "code"]
