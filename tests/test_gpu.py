@@ -73,6 +73,23 @@ def test_cached_and_uncached_decoding_write_the_same_tokens_on_the_gpu(full_floa
 
 
 @needs_gpu
+def test_the_graphed_static_decode_step_writes_the_plain_tokens(full_float32):
+    from tiny_llm.static_decode import GraphedDecoder, compare_decoding
+
+    torch.manual_seed(0)
+    model = GPT(replace(PRESETS["tiny"], vocab_size=512)).to(CUDA).eval()
+    decoder = GraphedDecoder(model)
+    prompt = torch.tensor([[1, 2, 3]], device=CUDA)
+    greedy = {"temperature": 0, "eot_id": None}
+    plain = generate(model, prompt, 90, **greedy)  # past the window too
+    assert torch.equal(generate(decoder, prompt, 90, cache=decoder.cache, **greedy), plain)
+    assert decoder.graph is not None  # the one-token steps were replays
+    assert torch.equal(generate(decoder, prompt, 90, cache=decoder.cache, **greedy), plain)
+    rates, same = compare_decoding(model, 63)
+    assert same and all(rate > 0 for _, rate in rates)
+
+
+@needs_gpu
 def test_a_model_trained_on_the_gpu_exports_with_equal_logits(sample_data_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
     from tiny_llm.export import LIMIT, export, max_logit_difference
