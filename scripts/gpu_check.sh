@@ -83,6 +83,8 @@ check "export parity" "^logits" ok 300 -- \
     "${PY[@]}" -m tiny_llm.export --checkpoint "$runs/gpu/ckpt.pt" --out "$runs/hf"
 check "kv cache, gpu preset" "speed-up" ok 300 -- \
     "${PY[@]}" -m tiny_llm.kvcache --checkpoint "$runs/gpu/ckpt.pt" --max-new-tokens 400
+check "decode: static+graph" "^static" ok 300 -- \
+    "${PY[@]}" -m tiny_llm.speed --decode --preset gpu
 check "requests" "tokens/s|val" ok 600 -- \
     "${PY[@]}" -m tiny_llm.instruct train --init-from "$runs/main/ckpt.pt" --requests derived \
     --time-budget "$req_s" --out "$runs/requests"

@@ -121,7 +121,8 @@ def test_the_gpu_check_script_parses_and_runs_every_gpu_path():
                           check=True, cwd=REPO_ROOT).stdout
     rows = [line.split("  ")[0] for line in plan.splitlines()]
     for row in ("check device", "check kvcache", "main job", "gpu preset", "export parity",
-                "requests", "float16 + scaler", "torchrun, 1 rank", "torchrun, 2 ranks"):
+                "decode: static+graph", "requests", "float16 + scaler", "torchrun, 1 rank",
+                "torchrun, 2 ranks"):
         assert row in rows, plan
     assert "--preset gpu" in plan and "--dtype float16" in plan
     for module in set(re.findall(r"-m (tiny_llm\.\w+)", plan)):  # each names a real module
