@@ -15,21 +15,36 @@ from test_studio import tiny_checkpoint
 
 from tiny_llm import studio
 
-INSTALL = ("no headless Chromium found: install it with `sudo apt-get install chromium "
-           "chromium-driver` (Debian/Ubuntu; .ci/run does this in CI), or put `chromium` and "
-           "`chromedriver` on PATH")
+INSTALL = ("no headless Chromium found: install it with `sudo apt-get install -y chromium "
+           "chromium-driver` (Debian/Ubuntu), or put `chromium` and `chromedriver` on PATH")
 
 
-def browser():
-    """Selenium's Chrome on the system's Chromium, headless; fails saying how to install one."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
+def find_browser():
+    """(the Chromium binary, its chromedriver), or None where either is missing."""
     binary = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
                                                   "google-chrome"))), None)
     driver = shutil.which("chromedriver") or "/usr/lib/chromium/chromedriver"
     if binary is None or not os.path.exists(driver):
-        pytest.fail(INSTALL)
+        return None
+    return binary, driver
+
+
+def require_browser():
+    """The browser's paths; without one, a failure under CI (`CI` set: .ci/run installs
+    Chromium, so a missing one is a broken set-up) and a skip elsewhere, naming the install."""
+    found = find_browser()
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(INSTALL + " (required under CI)")
+        pytest.skip(INSTALL)
+    return found
+
+
+def browser(binary, driver):
+    """Selenium's Chrome on the system's Chromium, headless."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -68,12 +83,13 @@ def wait(condition, seconds=20, what="the page"):
 
 
 def test_the_studio_streams_inspects_and_stops_in_chromium(tmp_path, sample_data_dir):
+    found = require_browser()
     ckpt = tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir)
     writer = studio.load_writer(ckpt, data_dir=sample_data_dir)
     # 2 ms a forward: tokens arrive apart on any machine, and a long story lasts long enough to stop
     writer.model.register_forward_pre_hook(lambda *_: time.sleep(0.002))
     url, stop_server = serve(studio.create_app([writer]))
-    driver = browser()
+    driver = browser(*found)
     try:
         driver.get(url)
         js = driver.execute_script
@@ -126,3 +142,19 @@ def test_the_studio_streams_inspects_and_stops_in_chromium(tmp_path, sample_data
     finally:
         driver.quit()
         stop_server()
+
+
+def test_a_missing_browser_is_skipped_with_the_install_command(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(os.path, "exists", lambda path: False)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium chromium-driver"):
+        require_browser()
+
+
+def test_a_missing_browser_fails_under_ci(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(os.path, "exists", lambda path: False)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="required under CI"):
+        require_browser()
