@@ -149,9 +149,40 @@ def score_story(request, story):
                               == ("Dialogue" in request["features"]))}
 
 
+def learned_requests(ckpt):
+    """What a loaded checkpoint dict was fine-tuned to take: {"fields": [...], "features": [...]}
+    in render_request's names, or None for a model never tuned on requests. Derived requests
+    teach words, a sentence and Dialogue (the one feature a story shows by itself: quotes);
+    TinyStories-Instruct teaches every field and feature. An imported model carries its own
+    ("requests", from the export's config.json)."""
+    if isinstance(ckpt.get("requests"), dict):
+        return ckpt["requests"]
+    source = (ckpt.get("train_config") or {}).get("requests")
+    if not source:
+        return None
+    if source == "derived":
+        return {"fields": ["words", "sentence"], "features": ["Dialogue"]}
+    return {"fields": list(FIELDS.values()), "features": list(FEATURES)}
+
+
 def takes_requests(ckpt):
     """Whether a loaded checkpoint dict was fine-tuned on requests (train --requests)."""
-    return bool((ckpt.get("train_config") or {}).get("requests"))
+    return learned_requests(ckpt) is not None
+
+
+def check_learned(learned, request, name="the model"):
+    """Raise a ValueError naming what `request` (render_request's arguments) asks that the
+    checkpoint never learned (`learned`, from learned_requests): it would read it as noise."""
+    if learned is None:
+        raise ValueError(f"{name} was not fine-tuned to take requests (train --requests): "
+                         "give it a plain prompt")
+    unlearned = [f for f in request.get("features") or () if f not in learned["features"]]
+    unlearned += [f"a {field}" for field in ("sentence", "summary")
+                  if request.get(field) and field not in learned["fields"]]
+    if unlearned:
+        taught = ", ".join(learned["features"]) or "no feature"
+        raise ValueError(f"{name} was never taught {', '.join(unlearned)}: its requests held "
+                         f"{', '.join(learned['fields'])} and {taught}; leave the rest out")
 
 
 # ----- requests as training rows -----
