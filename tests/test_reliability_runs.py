@@ -529,3 +529,36 @@ def test_a_corpus_shorter_than_the_context_is_refused_naming_a_real_flag(tmp_pat
                                          r"\d+: prepare more stories .*--valid-stories.*--preset "
                                          r"tiny"):
         train(config(tmp_path / "d", tmp_path / "run"))
+
+
+# --- issue 36: step 17's settings are fixed on resume ---
+
+@pytest.fixture(scope="module")
+def tuned_runs(saved_run, sample_data_dir, tmp_path_factory):
+    """A LoRA fine-tuning (rank 2, alpha 4) and a full one of saved_run, 2 steps each."""
+    folder = tmp_path_factory.mktemp("tuned")
+    base = dict(init_from=str(saved_run / "ckpt.pt"), requests="derived", lr=1e-3)
+    train(config(sample_data_dir, folder / "lora", lora_rank=2, lora_alpha=4.0,
+                 optimizer="adamw", **base))
+    train(config(sample_data_dir, folder / "full", **base))
+    return folder
+
+
+@pytest.mark.parametrize("run, flags, says", [
+    ("lora", ["--lora-alpha", "64"], r"--lora-alpha 64.0 \(the run has 4.0\)"),
+    ("lora", ["--lora-rank", "8"], r"--lora-rank 8 \(the run has 2\)"),
+    ("lora", ["--lora-rank", "0"], r"--lora-rank 0 \(the run has 2\)"),
+    ("full", ["--lora-rank", "4"], r"--lora-rank 4 \(the run has 0\)"),
+    ("full", ["--requests", "other.txt"], r"--requests other.txt \(the run has derived\)"),
+    ("full", ["--init-from", "runs/x/ckpt.pt"], r"--init-from runs/x/ckpt.pt \(the run has "),
+])
+def test_resume_refuses_to_change_step_17s_settings_in_one_line(tuned_runs, monkeypatch, run,
+                                                                flags, says):
+    out = tuned_runs / run
+    before = (out / "ckpt.pt").read_bytes()
+    with pytest.raises(SystemExit, match=rf"^error: --resume cannot change what the run in .* "
+                                         rf"fixed: {says}.*leave out .*--lora-rank, --lora-alpha"):
+        resume_main(out, monkeypatch, *flags)
+    assert (out / "ckpt.pt").read_bytes() == before
+    saved = load_checkpoint(out / "ckpt.pt")["train_config"]
+    assert (saved["lora_rank"], saved["lora_alpha"]) == ((2, 4.0) if run == "lora" else (0, 16.0))

@@ -56,14 +56,19 @@ def check_config(cfg):
 
 
 # What a checkpoint fixes (its weights and optimizer state fit only these): --resume refuses others.
+# Step 17's: LoRA's adapters have their rank and scale, and the rows their requests and base.
 FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer", "muon_scale", "qk_norm", "untied",
-                   "mlp", "value_embeds", "x0_mix", "logit_softcap")
+                   "mlp", "value_embeds", "x0_mix", "logit_softcap", "init_from", "requests",
+                   "lora_rank", "lora_alpha")
 
 
 def check_resume_settings(cfg, saved, path):
-    """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds."""
-    changed = [f"--{name.replace('_', '-')} {getattr(cfg, name)} (the run has {saved[name]})"
-               for name in FIXED_ON_RESUME if name in saved and getattr(cfg, name) != saved[name]]
+    """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds
+    (a setting the config has no field for is the caller's to refuse: resumed_config does)."""
+    shown = lambda value: "none" if value is None else value  # noqa: E731
+    changed = [f"--{name.replace('_', '-')} {shown(getattr(cfg, name))} (the run has "
+               f"{shown(saved[name])})" for name in FIXED_ON_RESUME
+               if name in saved and hasattr(cfg, name) and getattr(cfg, name) != saved[name]]
     if changed:
         accepted = [f"--{f.name.replace('_', '-')}" for f in own_fields_first(cfg)
                     if f.name not in (*FIXED_ON_RESUME, "resume")]
