@@ -56,10 +56,10 @@ def check_config(cfg):
 
 
 # What a checkpoint fixes (its weights and optimizer state fit only these): --resume refuses others.
-# Step 17's: LoRA's adapters have their rank and scale, and the rows their requests and base.
 FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer", "muon_scale", "qk_norm", "untied",
-                   "mlp", "value_embeds", "x0_mix", "logit_softcap", "init_from", "requests",
-                   "lora_rank", "lora_alpha")
+                   "mlp", "value_embeds", "x0_mix", "logit_softcap",
+                   "init_from", "requests", "lora_rank", "lora_alpha")  # step 17: what the
+# adapters' shapes and scale, and the rows the run draws from, were made with
 
 
 def check_resume_settings(cfg, saved, path):
