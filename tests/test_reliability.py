@@ -366,7 +366,13 @@ def edited_checkpoint(folder, tmp_path, edit):
     (lambda s: s.update(config=[1, 2]), r"its 'config' is list"),
     (lambda s: s.update(format=2), r"has checkpoint format 2; this tiny-llm reads format 1 and "
                                    r"older: it was made by another \(newer\) version"),
-], ids=["missing-field", "unknown-field", "field-type", "step-as-text", "config-a-list", "newer"])
+    (lambda s: s.update(format=1.0), r"has checkpoint format 1\.0, a float; tiny-llm writes a "
+                                     r"whole number from 1 .* edited by hand or damaged"),
+    (lambda s: s.update(format="1"), r"format '1', a str; .* set \"format\" back to 1"),
+    (lambda s: s.update(format=True), r"format True, a bool; .* edited by hand"),
+    (lambda s: s.update(format=0), r"format 0, a int; .* edited by hand"),
+], ids=["missing-field", "unknown-field", "field-type", "step-as-text", "config-a-list", "newer",
+        "format-float", "format-text", "format-bool", "format-zero"])
 def test_an_edited_checkpoint_is_refused_naming_what_is_wrong(folder, tmp_path, edit, says):
     path = edited_checkpoint(folder, tmp_path, edit)
     with pytest.raises(ValueError, match=says):
@@ -611,3 +617,13 @@ def test_a_bad_omp_num_threads_is_said_to_be_ignored(monkeypatch):
         assert f"OMP_NUM_THREADS='{value}' was ignored: it must be a whole number >= 1" in why
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert device.pick_threads()[1] == "OMP_NUM_THREADS"
+
+
+def test_a_run_folder_is_taken_where_a_checkpoint_is_asked(folder, tmp_path):
+    """--init-from runs/base, generate --checkpoint runs/base: the folder --out named."""
+    save_small_checkpoint(tmp_path / "base" / "ckpt.pt", folder)
+    model, ckpt = model_from_checkpoint(tmp_path / "base", data_dir=folder)
+    assert model.config.n_heads == 2 and ckpt["step"] == load_checkpoint(
+        tmp_path / "base" / "ckpt.pt")["step"]
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path)  # a folder without one is still no checkpoint
