@@ -87,6 +87,20 @@ def own_fields_first(config):
     return sorted(fields(config), key=lambda f: f.name not in own)
 
 
+def init_model(given):
+    """Step 17: the model of --init-from's run, as flags ({"model": "modern", "preset": "cpu",
+    ...}), so the run prints, prices and records the model it trains. Flags that choose another
+    would be ignored: they are refused."""
+    from tiny_llm.checkpoint import load_checkpoint
+    from tiny_llm.tuning import PARTS
+    names = ("model", "preset", *PARTS)
+    if shaped := ["--" + n.replace("_", "-") for n in names if n in given]:
+        raise ValueError(f"--init-from fine-tunes the model in {given['init_from']} as it is: "
+                         f"leave out {', '.join(shaped)}")
+    saved = load_checkpoint(given["init_from"]).get("train_config") or {}
+    return {n: saved[n] for n in names if n in saved}
+
+
 def resume_command(cfg):
     """The command that continues this run: the checkpoint holds every setting but the folder."""
     out = cfg.out or str(RUNS_DIR / cfg.preset)
@@ -110,6 +124,8 @@ def parse_train_args(config_class):
     args = parser.parse_args()
     given = {f.name: getattr(args, f.name) for f in fields(config_class)
              if getattr(args, f.name) is not None}
+    if given.get("init_from") and not given.get("resume"):  # step 17: the checkpoint's model
+        given.update(init_model(given))
     defaults = config_class()  # a preset's recipe, then one model's own for it (step 15)
     key = (given.get("model", defaults.model), given.get("preset", defaults.preset))
     cfg = replace(defaults, **{**RECIPES.get(key[1], {}), **RECIPES.get(key, {}), **given})

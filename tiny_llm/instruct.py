@@ -317,8 +317,14 @@ def add_lora(model, rank, alpha, state=None):
     unmerged weights and adapters, is loaded into the result. Returns the model."""
     if not isinstance(rank, int) or rank < 1 or not alpha > 0:
         raise ValueError(f"LoRA needs --lora-rank >= 1 and --lora-alpha > 0, got {rank}, {alpha}")
-    model.requires_grad_(False)
     heads = {id(m) for m in model.children()}
+    narrowest = min((min(m.in_features, m.out_features) for m in model.modules()
+                     if type(m) is nn.Linear and id(m) not in heads), default=rank)
+    if rank > narrowest:  # B·A would hold more than the whole matrix it changes
+        raise ValueError(f"--lora-rank {rank} is more than the narrowest matrix it adapts, "
+                         f"{narrowest} wide: a rank that high changes every weight and costs "
+                         f"more than full fine-tuning. Take a few (4 to 16), at most {narrowest}")
+    model.requires_grad_(False)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and id(child) not in heads:
