@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 import torch
 
@@ -627,3 +628,63 @@ def test_a_run_folder_is_taken_where_a_checkpoint_is_asked(folder, tmp_path):
         tmp_path / "base" / "ckpt.pt")["step"]
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         load_checkpoint(tmp_path)  # a folder without one is still no checkpoint
+
+
+# --- issue 36: request data (step 17) -------------------------------------------------------------
+
+
+def test_a_field_after_the_story_is_a_field_not_story_text():
+    from tiny_llm.instruct import parse_record
+
+    request, story = parse_record("Words: dog, sun\nStory:\nThe dog ran.\nIt was fun.\n"
+                                  "Summary: A dog runs.\n")
+    assert story == "The dog ran.\nIt was fun."
+    assert request["summary"] == "A dog runs." and request["words"] == ("dog", "sun")
+
+
+def instruct_file(path, stories):
+    path.write_text("".join(f"Words: dog\nStory:\n{s}\n{EOT}\n" for s in stories))
+    return str(path)
+
+
+def test_records_without_a_story_are_skipped_and_a_file_of_none_refused(prepared, tmp_path,
+                                                                        capsys):
+    from tiny_llm.instruct import instruct_records
+    from tiny_llm.tokenize import load_tokenizer
+
+    tokenizer = load_tokenizer(prepared / "tokenizer.json")
+    with pytest.raises(ValueError, match=r"4 records have nothing after 'Story:', and too few "
+                                         r"have a story.*every record needs its story"):
+        instruct_records(instruct_file(tmp_path / "empty.txt", [""] * 4), tokenizer)
+    records = instruct_records(instruct_file(tmp_path / "some.txt", ["", "A dog.", "", "A cat.",
+                                                                      "A sun."]), tokenizer)
+    assert sum(map(len, records.values())) == 3
+    assert "2 records have nothing after 'Story:': skipped" in capsys.readouterr().err
+
+
+def test_a_request_longer_than_the_context_is_named(prepared, tmp_path):
+    from tiny_llm.instruct import rows_of
+    from tiny_llm.tokenize import load_tokenizer
+
+    tokenizer = load_tokenizer(prepared / "tokenizer.json")
+    long = {"words": ("dog",), "features": (), "sentence": None, "summary": "dog " * 60}
+    short = {"words": ("dog",), "features": (), "sentence": None, "summary": None}
+    story = np.array(tokenizer.encode("The dog ran.").ids)
+    with pytest.raises(ValueError, match=r"request 2 is \d+ tokens and a row holds 48: no story "
+                                         r"would be trained behind it.*'Words: dog\\nSummary: dog"):
+        rows_of([(short, story), (long, story)], tokenizer, 48)
+
+
+@pytest.mark.parametrize("source, says", [
+    ("derivd", r"--requests 'derivd' is no file, and not one of derived or tinystories-instruct: "
+               r"did you mean --requests derived\?"),
+    ("tinystories_instruct", r"did you mean --requests tinystories-instruct\?"),
+    ("my-requests.txt", r"is no file, .*: pass a TinyStories-Instruct text file"),
+])
+def test_a_mistyped_requests_source_names_the_flag_it_belongs_to(prepared, source, says):
+    from tiny_llm.instruct import instruct_records
+    from tiny_llm.tokenize import load_tokenizer
+
+    with pytest.raises(FileNotFoundError, match=says) as refused:
+        instruct_records(source, load_tokenizer(prepared / "tokenizer.json"))
+    assert "--source" not in str(refused.value)

@@ -23,6 +23,7 @@ import argparse
 import itertools
 import random
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,11 @@ def parse_record(text):
     head, sep, story = text.partition("Story:")
     if not sep:
         raise ValueError(f"no 'Story:' in the record {text[:80]!r}...: is it TinyStories-Instruct?")
-    for line in head.splitlines():
+    lines = story.split("\n")  # a field may follow the story too: it ends the story
+    end = next((i for i, line in enumerate(lines) if line.partition(":")[0].strip() in FIELDS
+                and ":" in line), len(lines))
+    story = "\n".join(lines[:end])
+    for line in head.splitlines() + lines[end:]:
         name, _, value = line.partition(":")
         if name.strip() in FIELDS and value.strip():
             key, value = FIELDS[name.strip()], value.strip()
@@ -256,13 +261,29 @@ def instruct_records(source, tokenizer):
                  itertools.groupby(lines, key=lambda t: t.strip() == EOT)
                  if not is_eot)
     else:
+        if not Path(source).exists():
+            import difflib
+            near = difflib.get_close_matches(source, ("derived", "tinystories-instruct"), 1)
+            raise FileNotFoundError(
+                f"--requests {source!r} is no file, and not one of derived or "
+                f"tinystories-instruct" + (f": did you mean --requests {near[0]}?" if near
+                                          else ": pass a TinyStories-Instruct text file"))
         texts = file_stories(source)
-    records = {"train": [], "valid": []}
+    records, empty = {"train": [], "valid": []}, 0
     for i, (split, text) in enumerate(split_tail(texts, source)):
         if i == MAX_RECORDS:
             break
         request, story = parse_record(text)
+        if not story:  # nothing to learn but the end: skipped, and counted
+            empty += 1
+            continue
         records[split].append((request, np.array(tokenizer.encode(story).ids)))
+    if not records["train"] or not records["valid"]:
+        raise ValueError(f"{source}: {empty} records have nothing after 'Story:', and too few "
+                         "have a story to train and validate on: every record needs its story")
+    if empty:
+        print(f"note: {source}: {empty} records have nothing after 'Story:': skipped",
+              file=sys.stderr)
     return records
 
 
@@ -283,6 +304,11 @@ def rows_of(records, tokenizer, seq_len):
     """RequestRows from (request, story ids) records; requests are rendered and tokenized apart
     from their stories, as generate renders them."""
     requests = tokenizer.encode_batch([render_request(**r) for r, _ in records])
+    for number, (q, (request, _)) in enumerate(zip(requests, records, strict=True), start=1):
+        if len(q.ids) >= seq_len:  # not one story token would be in the row
+            raise ValueError(f"request {number} is {len(q.ids)} tokens and a row holds {seq_len}: "
+                             f"no story would be trained behind it. Shorten it (its summary?) "
+                             f"or remove it: {render_request(**request)[:120]!r}")
     eot_id = tokenizer.token_to_id(EOT)
     pairs = [request_row(q.ids, s, eot_id, seq_len) for q, (_, s) in zip(requests, records,
                                                                          strict=True)]
