@@ -27,6 +27,7 @@ from tiny_llm.checkpoint import MODELS, build_model, class_path, load_checkpoint
 from tiny_llm.files import atomic_path, remove_stale_temporaries, temporary_name
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.instruct import learned_requests
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256
 
@@ -207,15 +208,51 @@ def atomic_folder(out):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save_tokenizer(tokenizer_file, folder, max_len):
+def save_tokenizer(tokenizer_file, folder, max_len, learned=None):
     """Our tokenizer.json for AutoTokenizer: the file, byte for byte (checkpoints record its
     sha256), and a config naming the class and <|endoftext|>, which ends and begins stories
-    and pads the short prompts of a batch, on the left: every prompt ends where writing starts."""
+    and pads the short prompts of a batch, on the left: every prompt ends where writing starts.
+    A model tuned on requests (`learned`: step 17's learned_requests) gets CHAT_TEMPLATE."""
     shutil.copyfile(tokenizer_file, Path(folder) / "tokenizer.json")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT,
               "unk_token": EOT, "pad_token": EOT, "padding_side": "left",
               "model_max_length": max_len}
+    if learned is not None:
+        config["chat_template"] = chat_template(learned)
     (Path(folder) / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+# A Jinja chat template: the last user message rendered as step 17's render_request renders
+# its fields ({"role": "user", "words": ["dog"], "features": ["Dialogue"], "sentence": ...}), or
+# a chat's "content" as the words ("dog, moon"); what the model was not taught is refused.
+CHAT_TEMPLATE = r"""
+{%- set m = (messages | selectattr("role", "equalto", "user") | list | last) -%}
+{%- set ns = namespace(words=m.words if m.words is defined else []) -%}
+{%- for w in (m.content or "").split(",") if m.words is not defined and w.strip() -%}
+  {%- set ns.words = ns.words + [w.strip()] -%}
+{%- endfor -%}
+{%- set features = m.features if m.features is defined else [] -%}
+{%- for f in features if f not in FEATURES_TAUGHT -%}
+  {{- raise_exception("this model was not taught the feature " ~ f) -}}
+{%- endfor -%}
+{%- for key in ["sentence", "summary"] if m[key] and key not in FIELDS_TAUGHT -%}
+  {{- raise_exception("this model was not taught a " ~ key) -}}
+{%- endfor -%}
+{%- macro field(name, value) -%}
+  {{- name ~ ": " ~ (value | replace("\n", " ")) ~ "\n" -}}
+{%- endmacro -%}
+{%- if features %}{{ field("Features", features | join(", ")) }}{% endif -%}
+{%- if ns.words %}{{ field("Words", ns.words | join(", ")) }}{% endif -%}
+{%- if m.sentence %}{{ field("Random sentence", m.sentence) }}{% endif -%}
+{%- if m.summary %}{{ field("Summary", m.summary) }}{% endif -%}
+{{- "Story:\n" -}}
+"""
+
+
+def chat_template(learned):
+    """CHAT_TEMPLATE for a model that learned `learned` (step 17's learned_requests)."""
+    return (CHAT_TEMPLATE.strip().replace("FEATURES_TAUGHT", json.dumps(learned["features"]))
+            .replace("FIELDS_TAUGHT", json.dumps(learned["fields"])))
 
 
 def generation_config(max_seq_len, eot_id=0):
@@ -227,7 +264,9 @@ def generation_config(max_seq_len, eot_id=0):
 
 
 def export(checkpoint, out, data_dir=DATA_DIR):
-    """Write the checkpoint's model to the folder `out`; return (our model, the checkpoint)."""
+    """Write the checkpoint's model to the folder `out`; return (our model, the checkpoint).
+    A model fine-tuned on requests says what it learned in config.json ("tiny_llm_requests")
+    and gets a chat template that writes them."""
     check_replaceable(out)  # before any work: a folder export did not write is refused
     ckpt = load_checkpoint(checkpoint, data_dir=data_dir)  # also: the same tokenizer as data_dir
     kind = ckpt.get("model_class", MODELS["gpt"])  # older checkpoints all hold a GPT
@@ -247,11 +286,14 @@ def export(checkpoint, out, data_dir=DATA_DIR):
     if vocab != model.config.vocab_size:
         raise ValueError(f"the model has vocab_size {model.config.vocab_size:,}, {tokenizer_file} "
                          f"has {vocab:,} tokens: pass the model's data folder as --data-dir")
+    learned = learned_requests(ckpt)
     with atomic_folder(out) as tmp:
         hf = EXPORTS[kind](model.float())
         hf.generation_config = generation_config(model.config.max_seq_len)
+        if learned is not None:  # an import reads it back: the model still takes requests
+            hf.config.tiny_llm_requests = learned
         hf.save_pretrained(tmp)  # config.json, generation_config.json, model.safetensors
-        save_tokenizer(tokenizer_file, tmp, model.config.max_seq_len)
+        save_tokenizer(tokenizer_file, tmp, model.config.max_seq_len, learned)
     return model.eval(), ckpt
 
 
@@ -268,10 +310,12 @@ def import_gpt2(source, out):
     if found:
         with atomic_path(tokenizer_file) as tmp:
             shutil.copyfile(found, tmp)
+    learned = getattr(hf.config, "tiny_llm_requests", None)  # an export of a tuned model
     save_checkpoint(out, {
         "model": model.state_dict(), "config": asdict(model.config), "step": 0,
         "tokenizer_sha256": tokenizer_sha256(tokenizer_file) if found else "none",
-        "data_source": f"imported from {source}", "model_class": class_path(model)})
+        "data_source": f"imported from {source}", "model_class": class_path(model),
+        **({"requests": learned} if isinstance(learned, dict) else {})})
     return model, hf, tokenizer_file
 
 
