@@ -68,10 +68,11 @@ def dead_pid():
     return child.pid
 
 
-def save_small_checkpoint(path, data_dir, **extra):
+def save_small_checkpoint(path, data_dir, max_seq_len=8, **extra):
     """A 1-layer GPT checkpoint made with data_dir's tokenizer; returns the model."""
     vocab_size = load_meta(data_dir)["vocab_size"]
-    model = GPT(GPTConfig(vocab_size=vocab_size, max_seq_len=8, d_model=16, n_layers=1, n_heads=2))
+    model = GPT(GPTConfig(vocab_size=vocab_size, max_seq_len=max_seq_len, d_model=16, n_layers=1,
+                          n_heads=2))
     save_checkpoint(path, {"model": model.state_dict(), "config": asdict(model.config),
                            "step": 1, "data_source": "sample", "model_class": class_path(model),
                            "tokenizer_sha256": tokenizer_sha256(data_dir / "tokenizer.json"),
@@ -688,3 +689,56 @@ def test_a_mistyped_requests_source_names_the_flag_it_belongs_to(prepared, sourc
     with pytest.raises(FileNotFoundError, match=says) as refused:
         instruct_records(source, load_tokenizer(prepared / "tokenizer.json"))
     assert "--source" not in str(refused.value)
+
+
+# --- issue 36: generate and a request (step 17) ---------------------------------------------------
+
+
+def generate_main(monkeypatch, *flags):
+    from tiny_llm import generate
+
+    monkeypatch.setattr(sys, "argv", ["generate", "--max-new-tokens", "2", "--device", "cpu",
+                                      *flags])
+    generate.main()
+
+
+def test_a_request_and_a_prompt_together_are_refused(folder, monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        generate_main(monkeypatch, "--data-dir", str(folder), "--prompt", "Once", "--words",
+                      "dog,moon")
+    assert "--prompt and a request (--words, --features, --sentence) both say what to write " \
+           "from: give one of them" in capsys.readouterr().err
+
+
+def test_a_request_to_a_model_never_tuned_says_it_is_zero_shot(folder, tmp_path, monkeypatch,
+                                                                capsys):
+    save_small_checkpoint(tmp_path / "base" / "ckpt.pt", folder, max_seq_len=64)
+    generate_main(monkeypatch, "--data-dir", str(folder), "--checkpoint",
+                  str(tmp_path / "base" / "ckpt.pt"), "--words", "dog")
+    out = capsys.readouterr()
+    assert "was never fine-tuned on requests: it reads this one as plain text (zero-shot)" in out.err
+    assert "'Words: dog\\nStory:\\n'" in out.out
+
+
+def test_a_feature_the_model_was_not_taught_is_refused(folder, tmp_path, monkeypatch, capsys):
+    save_small_checkpoint(tmp_path / "tuned" / "ckpt.pt", folder, max_seq_len=64,
+                          train_config={"requests": "derived"})
+    flags = ["--data-dir", str(folder), "--checkpoint", str(tmp_path / "tuned" / "ckpt.pt")]
+    with pytest.raises(SystemExit, match=r"^error: .*ckpt.pt was never taught Twist: its requests "
+                                         r"held words, sentence and Dialogue; leave the rest out"):
+        generate_main(monkeypatch, *flags, "--words", "dog", "--features", "Twist")
+    generate_main(monkeypatch, *flags, "--words", "dog", "--features", "Dialogue")  # taught
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_a_request_longer_than_the_context_is_refused_not_echoed(folder, tmp_path, monkeypatch,
+                                                                 capsys):
+    save_small_checkpoint(tmp_path / "tuned" / "ckpt.pt", folder,
+                          train_config={"requests": "derived"})
+    with pytest.raises(SystemExit, match=r"^error: the request is [\d,]+ tokens and the model "
+                                         r"reads at most 8: shorten --sentence"):
+        generate_main(monkeypatch, "--data-dir", str(folder), "--checkpoint",
+                      str(tmp_path / "tuned" / "ckpt.pt"), "--words", "dog", "--sentence",
+                      "The dog ran. " * 8000)
+    out = capsys.readouterr()
+    assert len(out.out) + len(out.err) < 2000

@@ -253,11 +253,17 @@ def parse_args():
     parser.add_argument("--features", default="", help="step 17: Dialogue, Twist, ...")
     parser.add_argument("--sentence", default=None, help="step 17: a sentence the story must hold")
     args = parser.parse_args()
+    args.request = None
     if args.words or args.features or args.sentence:  # step 17 (imported by these flags)
         from tiny_llm.instruct import render_request
+        if args.prompt is not None:
+            parser.error("--prompt and a request (--words, --features, --sentence) both say "
+                         "what to write from: give one of them")
         split = lambda text: tuple(w.strip() for w in text.split(",") if w.strip())  # noqa: E731
+        args.request = {"words": split(args.words), "features": split(args.features),
+                        "sentence": args.sentence}
         try:
-            args.prompt = render_request(split(args.words), split(args.features), args.sentence)
+            args.prompt = render_request(**args.request)
         except ValueError as err:
             parser.error(str(err))
     try:
@@ -306,6 +312,9 @@ def load_model(args, device, vocab_size):
     """The trained model from --checkpoint, or a seeded untrained tiny GPT; with a description."""
     if args.checkpoint is not None:
         model, ckpt = model_from_checkpoint(args.checkpoint, device, data_dir=args.data_dir)
+        if args.request:  # step 17: only what the model was taught (or a note: zero-shot)
+            from tiny_llm.instruct import check_request
+            check_request(ckpt, args.request, args.checkpoint)
         return model, f"{args.checkpoint} (step {ckpt['step']:,})"
     torch.manual_seed(args.seed)
     model = GPT(replace(PRESETS["tiny"], vocab_size=vocab_size)).to(device).eval()
@@ -328,6 +337,9 @@ def main():
     ids = (tokenizer.encode(args.prompt).ids or [tokenizer.token_to_id(EOT)])
     ids = ids[-model.config.max_seq_len:]
     if (n := len(tokenizer.encode(args.prompt).ids)) > len(ids):  # no position beyond the context
+        if args.request:  # step 17: a request cut at its start would lose its fields
+            raise SystemExit(f"error: the request is {n:,} tokens and the model reads at most "
+                             f"{len(ids)}: shorten --sentence (or --words)")
         print(f"note: the prompt is {n:,} tokens and the model reads at most {len(ids)}: it "
               f"writes from the prompt's last {len(ids)} tokens", file=sys.stderr)
     with torch.no_grad():  # the distribution of the first new token, to see what sampling sees

@@ -175,6 +175,16 @@ def takes_requests(ckpt):
     return learned_requests(ckpt) is not None
 
 
+def check_request(ckpt, request, name):
+    """What generate does with a request for the checkpoint `name`: refuse what a model tuned
+    on requests was not taught; for a model never tuned, say that it reads it as plain text."""
+    if (learned := learned_requests(ckpt)) is None:
+        print(f"note: {name} was never fine-tuned on requests: it reads this one as plain text "
+              "(zero-shot), the base line a fine-tuning is measured against", file=sys.stderr)
+    else:
+        check_learned(learned, request, name)
+
+
 def check_learned(learned, request, name="the model"):
     """Raise a ValueError naming what `request` (render_request's arguments) asks that the
     checkpoint never learned (`learned`, from learned_requests): it would read it as noise."""
