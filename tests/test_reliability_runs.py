@@ -7,6 +7,7 @@ a disk for real: failures are simulated with monkeypatch, on runs of a few tiny 
 
 import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -585,16 +586,22 @@ def test_init_from_takes_a_run_folder_and_records_the_model_it_trains(saved_run,
     assert "model        tiny," in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flags", [["--preset", "gpu"], ["--model", "modern", "--preset", "gpu"],
-                                   ["--model", "modern", "--qk-norm"]])
+@pytest.mark.parametrize("flags, shown", [
+    (["--preset", "gpu"], "--preset gpu (it has tiny)"),
+    (["--model", "modern", "--preset", "gpu"],
+     "--model modern (it has gpt), --preset gpu (it has tiny)"),
+    (["--model", "modern", "--qk-norm"],
+     "--model modern (it has gpt), --qk-norm True (it has False)"),
+])
 def test_init_from_refuses_flags_that_choose_another_model(saved_run, sample_data_dir, tmp_path,
-                                                           monkeypatch, flags):
-    shown = ", ".join(f for f in flags if f.startswith("--"))
+                                                           monkeypatch, flags, shown):
     with pytest.raises(SystemExit, match=rf"^error: --init-from fine-tunes the model in .* as it "
-                                         rf"is: leave out {shown}$"):
+                                         rf"is: leave out {re.escape(shown)}$"):
         fine_tune_main(monkeypatch, "--init-from", str(saved_run), "--out", str(tmp_path / "ft"),
                        "--data-dir", str(sample_data_dir), *flags)
     assert not (tmp_path / "ft").exists()
+    fine_tune_main(monkeypatch, "--init-from", str(saved_run), "--out", str(tmp_path / "ft"),
+                   "--data-dir", str(sample_data_dir), "--preset", "tiny")  # its own: fine
 
 
 def test_a_lora_rank_wider_than_the_model_is_refused_before_a_step(saved_run, sample_data_dir,

@@ -90,15 +90,16 @@ def own_fields_first(config):
 def init_model(given):
     """Step 17: the model of --init-from's run, as flags ({"model": "modern", "preset": "cpu",
     ...}), so the run prints, prices and records the model it trains. Flags that choose another
-    would be ignored: they are refused."""
+    would be ignored: one that differs is refused."""
     from tiny_llm.checkpoint import load_checkpoint
     from tiny_llm.tuning import PARTS
-    names = ("model", "preset", *PARTS)
-    if shaped := ["--" + n.replace("_", "-") for n in names if n in given]:
-        raise ValueError(f"--init-from fine-tunes the model in {given['init_from']} as it is: "
-                         f"leave out {', '.join(shaped)}")
     saved = load_checkpoint(given["init_from"]).get("train_config") or {}
-    return {n: saved[n] for n in names if n in saved}
+    names = [n for n in ("model", "preset", *PARTS) if n in saved]
+    if other := [f"--{n.replace('_', '-')} {given[n]} (it has {saved[n]})" for n in names
+                 if n in given and given[n] != saved[n]]:
+        raise ValueError(f"--init-from fine-tunes the model in {given['init_from']} as it is: "
+                         f"leave out {', '.join(other)}")
+    return {n: saved[n] for n in names}
 
 
 def resume_command(cfg):
