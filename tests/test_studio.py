@@ -357,3 +357,9 @@ def test_a_port_in_use_is_said_before_any_address_is_printed(tmp_path, sample_da
             studio.main(["--checkpoint", str(ckpt), "--data-dir", str(sample_data_dir),
                          "--port", str(port)])
     assert "http://" not in capsys.readouterr().out
+
+
+def test_a_run_folder_is_named_by_its_checkpoint(tmp_path, sample_data_dir):
+    tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir)
+    assert studio.load_writer(tmp_path / "run", data_dir=sample_data_dir).name == (
+        "run/ckpt.pt (step 5)")

@@ -75,7 +75,8 @@ def load_writer(path, device="cpu", data_dir=DATA_DIR):
     with the tokenizer prepared in data_dir); ValueError or FileNotFoundError if not."""
     model, ckpt = model_from_checkpoint(path, device, data_dir=data_dir)
     tokenizer = Tokenizer.from_file(str(tokenizer_path(Path(data_dir) / "tokenizer.json")))
-    name = f"{Path(path).parent.name}/{Path(path).name} (step {ckpt['step']:,})"
+    path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)  # a run folder's
+    name = f"{path.parent.name}/{path.name} (step {ckpt['step']:,})"
     return Writer(name, model, tokenizer, learned_requests(ckpt))
 
 
