@@ -136,7 +136,7 @@ def request_of(body):
         parts[key] = [text(item, f"each of {key}").strip() for item in items]
         parts[key] = [item for item in parts[key] if item]
     sentence = request.get("sentence")
-    parts["sentence"] = text(sentence, "sentence").strip() or None if sentence else None
+    parts["sentence"] = (text(sentence, "sentence").strip() or None) if sentence else None
     return parts
 
 
