@@ -580,7 +580,7 @@ def test_init_from_takes_a_run_folder_and_records_the_model_it_trains(saved_run,
                                                                      tmp_path, monkeypatch,
                                                                      capsys):
     fine_tune_main(monkeypatch, "--init-from", str(saved_run), "--out", str(tmp_path / "ft"),
-                   "--data-dir", str(sample_data_dir))
+                   "--data-dir", str(sample_data_dir), "--preset", "tiny")  # its own: taken
     saved = load_checkpoint(tmp_path / "ft" / "ckpt.pt")["train_config"]
     assert (saved["model"], saved["preset"]) == ("gpt", "tiny")  # the base's, not the default cpu
     assert "model        tiny," in capsys.readouterr().out
@@ -600,8 +600,6 @@ def test_init_from_refuses_flags_that_choose_another_model(saved_run, sample_dat
         fine_tune_main(monkeypatch, "--init-from", str(saved_run), "--out", str(tmp_path / "ft"),
                        "--data-dir", str(sample_data_dir), *flags)
     assert not (tmp_path / "ft").exists()
-    fine_tune_main(monkeypatch, "--init-from", str(saved_run), "--out", str(tmp_path / "ft"),
-                   "--data-dir", str(sample_data_dir), "--preset", "tiny")  # its own: fine
 
 
 def test_a_lora_rank_wider_than_the_model_is_refused_before_a_step(saved_run, sample_data_dir,
