@@ -742,3 +742,11 @@ def test_a_request_longer_than_the_context_is_refused_not_echoed(folder, tmp_pat
                       "The dog ran. " * 8000)
     out = capsys.readouterr()
     assert len(out.out) + len(out.err) < 2000
+
+
+def test_an_edited_request_format_keeps_only_what_step_17_knows():
+    from tiny_llm.instruct import learned_requests
+
+    edited = {"requests": {"fields": ["words", "colour", {}], "features": "Dialogue"}}
+    assert learned_requests(edited) == {"fields": ["words"], "features": []}
+    assert learned_requests({"train_config": {"requests": None}}) is None

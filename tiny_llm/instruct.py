@@ -160,8 +160,9 @@ def learned_requests(ckpt):
     teach words, a sentence and Dialogue (the one feature a story shows by itself: quotes);
     TinyStories-Instruct teaches every field and feature. An imported model carries its own
     ("requests", from the export's config.json)."""
-    if isinstance(ckpt.get("requests"), dict):
-        return ckpt["requests"]
+    if isinstance(own := ckpt.get("requests"), dict):  # checked: a config.json can be edited
+        return {key: [v for v in own.get(key) if v in known] if isinstance(own.get(key), list)
+                else [] for key, known in (("fields", FIELDS.values()), ("features", FEATURES))}
     source = (ckpt.get("train_config") or {}).get("requests")
     if not source:
         return None
