@@ -716,7 +716,8 @@ def test_a_request_to_a_model_never_tuned_says_it_is_zero_shot(folder, tmp_path,
     generate_main(monkeypatch, "--data-dir", str(folder), "--checkpoint",
                   str(tmp_path / "base" / "ckpt.pt"), "--words", "dog")
     out = capsys.readouterr()
-    assert "was never fine-tuned on requests: it reads this one as plain text (zero-shot)" in out.err
+    assert ("was never fine-tuned on requests: it reads this one as plain text (zero-shot)"
+            in out.err)
     assert "'Words: dog\\nStory:\\n'" in out.out
 
 
