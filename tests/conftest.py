@@ -102,6 +102,7 @@ EXPECTED_SECONDS = [
     (CONSOLE, 5),
     ("tests/test_smoke.py", 5),
     ("tests/test_studio_browser.py", 5),  # a headless Chromium and a server
+    ("tests/test_reliability_runs.py::test_resume_refuses_to_change_step_17s", 6),  # 2 fine-tunes
 ]
 
 
