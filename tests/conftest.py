@@ -82,7 +82,8 @@ EXPECTED_SECONDS = [
     (CONSOLE + "18-export.md", 20),
     (CONSOLE + "17-requests.md", 10),  # a tiny base, a fine-tuning and a story
     ("tests/test_instruct.py", 8),
-    (CONSOLE + "11-evaluate.md", 20),
+    (CONSOLE + "11-evaluate.md", 35),  # the ladder: five rungs trained, twice (state, head)
+    ("tests/test_ladder.py", 6),  # five rungs of 40 steps
     (CONSOLE + "16-scale-out.md", 15),
     ("tests/test_scale.py::test_two_ranks", 15),
     ("tests/test_scale.py::test_a_rank_that_fails", 15),
