@@ -1,7 +1,10 @@
 """Step 11's ladder: the GPT's ancestors, built from step 08's GPT, trained by step 10's loop."""
 
+import re
+
 import pytest
 import torch
+from chapters import chapters, commands, console_blocks
 
 from tiny_llm.gpt import GPT
 from tiny_llm.gpt import PRESETS as GPT_PRESETS
@@ -58,3 +61,21 @@ def test_the_ladder_climbs_on_the_sample_corpus(sample_data_dir):
     assert rows["one-block"]["bpb"] < rows["heads"]["bpb"]
     assert [r["params"] for r in rows.values()] == sorted(r["params"] for r in rows.values())
     assert all(r["sample"].startswith("Once upon a time") for r in rows.values())
+
+
+def test_chapters_04_to_08_quote_the_ladder_that_chapter_11_shows():
+    """Each of chapters 04-08 closes with what its piece buys, "from X to Y: step 11 measures
+    it"; X and Y are the rung before and its own in chapter 11's ladder."""
+    block = next(b for b in console_blocks() if "tiny_llm.ladder" in b.body)
+    (_, lines), = commands(block)
+    bpb = {int(line.split()[1]): float(line.split()[-1]) for line in lines
+           if line.split()[0] in RUNGS}
+    bpb[3] = float(next(line for line in lines if line.startswith("uniform")).split()[-1])
+    for chapter in chapters():
+        step = int(chapter.name[:2])
+        if step in bpb and step > 3:
+            said = re.findall(r"from\s+([\d.]+)[^:]*?\sto\s+([\d.]+)[^:]*:\s+step 11 measures it",
+                              chapter.read_text(), re.S)
+            assert len(said) == 1, f"{chapter.name} does not close with its rung of the ladder"
+            assert [float(x) for x in said[0]] == pytest.approx([bpb[step - 1], bpb[step]],
+                                                                abs=0.006), chapter.name

@@ -5,17 +5,15 @@ GPT's ancestors, each one piece short of the next, train with step 10's loop on 
 for the same number of steps (or seconds), and step 11's evaluation scores each in bits per
 byte on valid.bin:
 
-    rung         what it is                                          its piece
-    embedding    no block: the next token from this token and its     04 (with 08's ln_f and
-                 position alone, a bigram model (n_layers=0)             the tied output layer)
-    one-head     + one block of attention alone, one head             05
-    heads        the same block split into the preset's heads          06
-    one-block    + the MLP and its LayerNorm: step 07's Block          07
-    gpt          the preset's n_layers blocks: step 08's GPT           08
+    embedding   no block (n_layers=0): the next token from this token and its position
+                alone, through step 08's ln_f and tied output layer: a bigram model    step 04
+    one-head    + one block of attention alone, with one head                          step 05
+    heads       the same block, its width cut into the preset's heads                  step 06
+    one-block   + the MLP and its LayerNorm: step 07's Block                           step 07
+    gpt         the preset's n_layers blocks: step 08's GPT                            step 08
 
 Run the check:  uv run python -m tiny_llm.ladder         (--seconds 60: a CPU minute a rung)
 """
-
 import argparse
 import io
 import math
@@ -48,10 +46,10 @@ class RungConfig(GPTConfig):
     attention_only: bool = False  # True: each block is x + attn(ln_1(x)), without its MLP
 
     def __post_init__(self):
-        if self.n_layers != 0:
+        if type(self.n_layers) is int and self.n_layers == 0:  # step 08 wants a block:
+            replace(self, n_layers=1)  # check every other field on a one-block copy
+        else:
             super().__post_init__()
-        else:  # step 08 wants a block; check the other fields on a one-block copy
-            replace(self, n_layers=1)
         if not isinstance(self.attention_only, bool):
             raise TypeError(f"RungConfig.attention_only must be True or False, got "
                             f"{self.attention_only!r}")
@@ -68,6 +66,16 @@ class AttentionBlock(Block):
         return x + self.attn(self.ln_1(x), *passed)
 
 
+# rung: (the chapter whose piece it adds, what it changes in a preset of step 08)
+RUNGS = {
+    "embedding": (4, dict(n_layers=0)),
+    "one-head": (5, dict(n_layers=1, n_heads=1, attention_only=True)),
+    "heads": (6, dict(n_layers=1, attention_only=True)),
+    "one-block": (7, dict(n_layers=1)),
+    "gpt": (8, {}),
+}
+
+
 class RungGPT(GPT):
     """Step 08's GPT with the blocks a RungConfig asks for: (B, T) ids -> (B, T, vocab_size).
 
@@ -76,6 +84,9 @@ class RungGPT(GPT):
     training, checkpoints and evaluation are GPT's."""
 
     config_class = RungConfig
+    # "tiny-embedding" ... "gpu-gpt": what step 10's train() builds, by preset, as for any model
+    presets = {f"{size}-{rung}": RungConfig(**{**asdict(config), **changes})
+               for size, config in GPT_PRESETS.items() for rung, (_, changes) in RUNGS.items()}
 
     def __init__(self, config):
         super().__init__(replace(config, n_layers=max(1, config.n_layers)))
@@ -86,22 +97,11 @@ class RungGPT(GPT):
         init_weights(self.blocks, max(1, c.n_layers))
 
 
-# rung: (the chapter whose piece it adds, what it changes in a preset of step 08)
-RUNGS = {
-    "embedding": (4, dict(n_layers=0)),
-    "one-head": (5, dict(n_layers=1, n_heads=1, attention_only=True)),
-    "heads": (6, dict(n_layers=1, attention_only=True)),
-    "one-block": (7, dict(n_layers=1)),
-    "gpt": (8, {}),
-}
-# "tiny-embedding" ... "gpu-gpt": what step 10's train() builds, by --preset, as for any model
-RungGPT.presets = {f"{size}-{rung}": RungConfig(**{**asdict(config), **changes})
-                   for size, config in GPT_PRESETS.items() for rung, (_, changes) in RUNGS.items()}
 MODEL = "tiny_llm.ladder.RungGPT"  # the name train() and checkpoints know the class by
 
 
 def describe(c):
-    """A rung's blocks in words: 'no block', '1 block of attention, 1 head', '2 blocks'."""
+    """A rung's blocks in words: '1 block of attention, 1 head', '2 blocks, 2 heads'."""
     if c.n_layers == 0:
         return "none: a bigram model"
     blocks = f"{c.n_layers} block{'s' * (c.n_layers > 1)}"
