@@ -90,9 +90,9 @@ def test_when_time_runs_out_the_run_ends_and_says_so(capsys):
                                 lambda step, now: 0.25 * (40 if now > 54 else 1))
     assert seconds <= 60 + 10 + 0.5  # one slow step past the budget, never two
     out = capsys.readouterr().out
-    assert re.search(r"budget       time is up: 6\d\.\d s of the 60 s budget are spent, at "
-                     r"[\d,]+ ms per step; the run ends at step [\d,]+, not [\d,]+, with its "
-                     r"last evaluation and a save", out)
+    assert re.search(r"budget       time is up: 6\d\.\d s of the 60 s budget are spent and the "
+                     r"latest step took 10\.0 s; the run ends at step [\d,]+, not [\d,]+, with "
+                     r"its last evaluation and a save", out)
 
 
 def test_the_warmup_is_inside_the_deadline_too(capsys):
@@ -170,6 +170,13 @@ def test_a_busy_machine_drops_to_the_threads_it_really_gets_and_says_so_once():
     assert chosen == [1] and len(said) == 1
     assert said[0].startswith("busy: this run got 0.8 of the 2 cores its threads ask for")
     assert "It goes on with 1 thread, as OMP_NUM_THREADS=1 would from the start" in said[0]
+
+
+def test_a_slow_first_step_is_judged_at_once():
+    """Load 7: step 0's evaluation and the first update took 10 s with 8 CPU seconds on two
+    threads. The threads drop after that first step, not five steps (a minute) later."""
+    said, chosen = watch(2, [(10.0, 8.0)] + [(2.0, 1.0)] * 3)
+    assert chosen == [1] and len(said) == 1 and said[0].startswith("busy: this run got 0.8")
 
 
 def test_a_machine_that_gets_busy_later_is_seen_too():

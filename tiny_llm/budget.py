@@ -138,40 +138,45 @@ class Budget:
         pace, eval_s, one_off, last = measured_pace(records, self.since)
         if pace is None:
             return cfg
-        if step - self.since < 2 and (self.plan is not None or pace_steps(cfg) > 1):
-            pace = last = 1e-9  # one update timed, with one-off costs: only a spent budget ends
         seconds = records[-1]["time_s"]
-        fit = budget_steps(cfg, step, seconds, pace, eval_s, self.cap)
-        if budget_steps(cfg, step, seconds, max(pace, last), eval_s, self.cap) <= step:
-            fit = step  # a deadline: were the next update as slow as the latest, it would end late
-        fit = round(self.agree(fit))
+        fit = round(self.agree(self.steps_that_fit(cfg, step, seconds, pace, eval_s, last)))
         if not self.takes(cfg, step, fit):
             return cfg
         was, self.plan, self.priced = self.plan, fit, step
         if fit != self.cap:  # the budget, not --max-steps, ends the run
             records[-1].update(plan=fit, plan_cap=self.cap)
+        cfg = replace(cfg, max_steps=fit)
         if was is None and fit == self.cap:  # nothing to say: --max-steps ends the run first
             self.said = fit
-            return replace(cfg, max_steps=fit)
+            return cfg
         if fit <= step and was is not None:
-            say(f"time is up: {seconds:.1f} s of the {cfg.time_budget:g} s budget are spent, at "
-                f"{pace * 1000:,.0f} ms per step; the run ends at step {step:,}, not {was:,}, "
-                "with its last evaluation and a save")
+            say(f"time is up: {seconds:.1f} s of the {cfg.time_budget:g} s budget are spent and "
+                f"the latest step took {last:.1f} s; the run ends at step {step:,}, not "
+                f"{was:,}, with its last evaluation and a save")
         elif was is None or (abs(fit - self.said) > SAY_SLACK * self.said
                              and seconds - self.said_at >= SAY_EVERY_S):  # quiet output
-            spent = f" ({one_off:.1f} s of them once, in the first steps)" if was is None and \
-                one_off >= max(1.0, 10 * pace) else ""
+            once = f" ({one_off:.1f} s of them once, in the first steps)" if (
+                was is None and one_off >= max(1.0, 10 * pace)) else ""
             said = "" if self.said is None else f", was {self.said:,}"
             say(f"{cfg.time_budget:g} s: {pace * 1000:,.0f} ms per step and {eval_s:.1f} s per "
-                f"evaluation after {seconds:.1f} s{spent}, so {fit:,} steps{said}")
+                f"evaluation after {seconds:.1f} s{once}, so {fit:,} steps{said}")
             self.said, self.said_at = fit, seconds
-        cfg = replace(cfg, max_steps=fit)
         if was is None:
             cfg = fit_warmup(cfg, step, fit)
         if fit < USEFUL_STEPS and fit != self.cap and not self.few_said:
             self.few_said = True
             self.too_few(cfg, step, seconds, pace, eval_s, fit)
         return cfg
+
+    def steps_that_fit(self, cfg, step, seconds, pace, eval_s, last):
+        """budget_steps at the pace; or `step`, time is up, when the next update would end past
+        the budget were it as slow as the latest. With one update timed (one-off costs and
+        all), only a budget already spent ends the run."""
+        if step - self.since < 2 and (self.plan is not None or pace_steps(cfg) > 1):
+            pace = last = 1e-9
+        if budget_steps(cfg, step, seconds, max(pace, last), eval_s, self.cap) <= step:
+            return step
+        return budget_steps(cfg, step, seconds, pace, eval_s, self.cap)
 
     def takes(self, cfg, step, fit):
         """Whether the plan `fit`, priced after update `step`, replaces the current one."""
@@ -192,8 +197,8 @@ class Budget:
     def too_few(self, cfg, step, seconds, pace, eval_s, fit):
         """Say, before the minutes are spent, that the plan is too short to be of use."""
         need = seconds + (USEFUL_STEPS - step) * (pace + eval_s / cfg.eval_interval) + eval_s
-        say(f"only {fit:,} updates fit in {cfg.time_budget:g} s at this pace, and a model needs "
-            f"a few hundred to write sentences: {USEFUL_STEPS} take about "
+        say(f"only {fit:,} update{'s' * (fit != 1)} fit in {cfg.time_budget:g} s at this pace, "
+            f"and a model needs a few hundred to write sentences: {USEFUL_STEPS} take about "
             f"--time-budget {math.ceil(need / 60)}m here. Give it that, train when the machine "
             "is quieter, or pass --time-budget 0 --max-steps N for N updates however long they "
             "take")

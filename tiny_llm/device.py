@@ -299,13 +299,16 @@ class BusyWatch:
 
     Call step() after every training step; it returns a message when something changed, else
     None. Two signs, both read from this run's clocks. On a CPU, the process got under half the
-    CPU time its threads ask for over the latest `first` steps: other programs hold the cores,
-    and PyTorch's threads wait for each other at every operation (two threads on a shared pair
-    of cores can be ten times slower than one), so the run drops to the threads it really gets
-    (torch.set_num_threads) and says so. And, anywhere, recent steps take `slower` times the
-    median of the first ones: said once. The budget (budget.py) prices its plan from the pace
-    the run then has.
+    CPU time its threads ask for over its latest `first` steps (or over its first seconds, when
+    the first steps are slow: step 0's evaluation is in the first): other programs hold the
+    cores, and PyTorch's threads wait for each other at every operation (two threads on a
+    shared pair of cores can be ten times slower than one), so the run drops to the threads it
+    really gets (torch.set_num_threads) and says so. And, anywhere, recent steps take `slower`
+    times the median of the first ones: said once. The budget (budget.py) prices its plan from
+    the pace the run then has.
     """
+
+    SEEN_S = 5.0  # wall seconds of steps enough to judge the threads, however few the steps
 
     def __init__(self, threads, on_cpu, first=5, slower=3.0,
                  wall=time.perf_counter, cpu=time.process_time, set_threads=None):
@@ -314,26 +317,28 @@ class BusyWatch:
         self.set_threads = set_threads or torch.set_num_threads
         self.last = (wall(), cpu())
         self.steps = []  # (wall seconds, CPU seconds) of each step
-        self.judged_from = 1  # the first step pays for allocation, the first after a change too
+        self.since = 0  # the steps of the threads now (after a change: from the second on)
         self.slow_said = False
 
     def step(self):
         now = (self.wall(), self.cpu())
         self.steps.append((now[0] - self.last[0], now[1] - self.last[1]))
         self.last = now
-        if len(self.steps) - self.judged_from < self.first:
-            return None
         return self._fewer_threads() or self._slower()
 
     def _fewer_threads(self):
         """On a CPU, the threads the latest steps really got, when under half of those asked."""
-        latest = self.steps[-self.first:]
-        share = sum(c for _, c in latest) / max(sum(w for w, _ in latest), 1e-9)
+        seen = self.steps[self.since :]
+        if len(seen) > self.first:
+            seen = seen[-self.first :]  # the first step, with its allocations, is left out
+        elif sum(w for w, _ in seen) < self.SEEN_S:
+            return None
+        share = sum(c for _, c in seen) / max(sum(w for w, _ in seen), 1e-9)
         if not (self.on_cpu and self.threads > 1 and share < self.threads / 2):
             return None  # CPU seconds per second of wall time: the cores it really got
         asked, self.threads = self.threads, max(1, int(share))  # a core it shares: left out
         self.set_threads(self.threads)
-        self.judged_from = len(self.steps) + 1  # judge the new threads on their own steps
+        self.since = len(self.steps) + 1  # judge the new threads on their own steps
         return (f"busy: this run got {share:.1f} of the {asked} cores its threads ask for; other "
                 f"programs hold the rest, and threads that wait for each other slow every step. "
                 f"It goes on with {self.threads} thread{'s' * (self.threads > 1)}, as "
@@ -341,11 +346,14 @@ class BusyWatch:
                 "'A busy machine'")
 
     def _slower(self):
-        """Recent steps `slower` times the first ones' median: said once."""
-        early = self.steps[self.judged_from : self.judged_from + self.first]
-        baseline = statistics.median(w for w, _ in early)
+        """Recent steps `slower` times the first ones' median (the very first left out): said
+        once."""
+        start = max(1, self.since)
+        if self.slow_said or len(self.steps) - start < self.first:
+            return None
+        baseline = statistics.median(w for w, _ in self.steps[start : start + self.first])
         recent = statistics.median(w for w, _ in self.steps[-3:])
-        if self.slow_said or recent <= self.slower * baseline:
+        if recent <= self.slower * baseline:
             return None
         self.slow_said = True
         return (f"slow: steps now take {recent / baseline:.1f} times as long as the first "
