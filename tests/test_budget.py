@@ -71,6 +71,17 @@ def test_a_plan_line_only_when_the_plan_moves_and_at_most_one_every_30_s(steps, 
     assert 0.95 * budget_s <= seconds <= budget_s
 
 
+def test_a_move_inside_the_quiet_30_s_is_said_when_they_are_over(capsys):
+    """Twice as slow from 10 s on: the plan shrinks at once, its line waits for 30 s after the
+    first one, and comes then although the plan has not moved again."""
+    cfg, records, seconds = run(TrainConfig(time_budget=120, max_steps=0),
+                                lambda step, now: 0.25 * (2 if now > 10 else 1), eval_s=0.5)
+    lines = plan_lines(capsys.readouterr().out)
+    shrunk = next(r for r in records if "plan" in r and r["plan"] < 0.9 * lines[0][1])
+    assert shrunk["time_s"] < 15 and len(lines) == 2
+    assert 30 <= lines[1][0] - lines[0][0] < 31 and lines[1][1] < 0.9 * lines[0][1]
+
+
 @pytest.mark.parametrize("slower, at", [(3, 0.3), (10, 0.5), (10, 0.9), (4, 0.02), (8, 0.97)])
 def test_a_budget_is_a_deadline_whatever_the_load_does(slower, at):
     """Steps `slower` times slower from `at` of the budget on (two busy loops beside two

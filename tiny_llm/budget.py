@@ -114,8 +114,10 @@ class Budget:
     every update of this process from its own steps.
 
     A new plan is taken when it moves the end by more than 1% at a pricing (every REPRICE_EVERY
-    updates, every update in the last few), or at once when the rest would take more than
-    twice its time; when not one more update fits, the run ends at this one: time is up.
+    updates, more often in the last 100, every update in the last 20), or at once when the rest
+    would take more than twice its time; when not one more update fits, the run ends at this
+    one: time is up. A `budget` line says the first plan, then a plan that moved by more than
+    SAY_SLACK since the last line, SAY_EVERY_S after it at the soonest.
     `agree` averages a number over the processes of one run (step 16), so every rank takes the
     same plan at the same step. The plan is written into cfg (max_steps): the decay ends there.
     """
@@ -140,33 +142,36 @@ class Budget:
             return cfg
         seconds = records[-1]["time_s"]
         fit = round(self.agree(self.steps_that_fit(cfg, step, seconds, pace, eval_s, last)))
-        if not self.takes(cfg, step, fit):
-            return cfg
-        was, self.plan, self.priced = self.plan, fit, step
-        if fit != self.cap:  # the budget, not --max-steps, ends the run
-            records[-1].update(plan=fit, plan_cap=self.cap)
-        cfg = replace(cfg, max_steps=fit)
-        if was is None and fit == self.cap:  # nothing to say: --max-steps ends the run first
-            self.said = fit
-            return cfg
-        if fit <= step and was is not None:
-            say(f"time is up: {seconds:.1f} s of the {cfg.time_budget:g} s budget are spent and "
-                f"the latest step took {last:.1f} s; the run ends at step {step:,}, not "
-                f"{was:,}, with its last evaluation and a save")
-        elif was is None or (abs(fit - self.said) > SAY_SLACK * self.said
-                             and seconds - self.said_at >= SAY_EVERY_S):  # quiet output
-            once = f" ({one_off:.1f} s of them once, in the first steps)" if (
-                was is None and one_off >= max(1.0, 10 * pace)) else ""
-            said = "" if self.said is None else f", was {self.said:,}"
-            say(f"{cfg.time_budget:g} s: {pace * 1000:,.0f} ms per step and {eval_s:.1f} s per "
-                f"evaluation after {seconds:.1f} s{once}, so {fit:,} steps{said}")
-            self.said, self.said_at = fit, seconds
-        if was is None:
-            cfg = fit_warmup(cfg, step, fit)
-        if fit < USEFUL_STEPS and fit != self.cap and not self.few_said:
-            self.few_said = True
-            self.too_few(cfg, step, seconds, pace, eval_s, fit)
+        if self.takes(cfg, step, fit):
+            was, self.plan, self.priced = self.plan, fit, step
+            if fit != self.cap:  # the budget, not --max-steps, ends the run
+                records[-1].update(plan=fit, plan_cap=self.cap)
+            cfg = replace(cfg, max_steps=fit)
+            if was is None and fit == self.cap:  # nothing to say: --max-steps ends the run
+                self.said = fit
+            elif was is None:
+                once = one_off if one_off >= max(1.0, 10 * pace) else 0.0
+                self.say_plan(cfg, seconds, pace, eval_s, once)
+                cfg = fit_warmup(cfg, step, fit)
+            elif fit <= step:
+                say(f"time is up: {seconds:.1f} s of the {cfg.time_budget:g} s budget are spent "
+                    f"and the latest step took {last:.1f} s; the run ends at step {step:,}, not "
+                    f"{was:,}, with its last evaluation and a save")
+            if fit < USEFUL_STEPS and fit != self.cap and not self.few_said:
+                self.few_said = True
+                self.too_few(cfg, step, seconds, pace, eval_s, fit)
+        if self.said and step < self.plan and abs(self.plan - self.said) > SAY_SLACK * self.said \
+                and seconds - self.said_at >= SAY_EVERY_S:  # quiet output: moves that count
+            self.say_plan(cfg, seconds, pace, eval_s)
         return cfg
+
+    def say_plan(self, cfg, seconds, pace, eval_s, once=0.0):
+        """The `budget` line of the plan, with the one it replaces (and one-off seconds)."""
+        spent = f" ({once:.1f} s of them once, in the first steps)" if once else ""
+        was = "" if self.said is None else f", was {self.said:,}"
+        say(f"{cfg.time_budget:g} s: {pace * 1000:,.0f} ms per step and {eval_s:.1f} s per "
+            f"evaluation after {seconds:.1f} s{spent}, so {self.plan:,} steps{was}")
+        self.said, self.said_at = self.plan, seconds
 
     def steps_that_fit(self, cfg, step, seconds, pace, eval_s, last):
         """budget_steps at the pace; or `step`, time is up, when the next update would end past
