@@ -4,6 +4,7 @@ busy machine's thread drop (tiny_llm/device.py's BusyWatch) fed stubbed CPU-time
 
 import random
 import re
+import threading
 
 import pytest
 
@@ -12,20 +13,22 @@ from tiny_llm.device import BusyWatch
 from tiny_llm.train import TrainConfig, lr_at
 
 
-def run(cfg, seconds_of, eval_s=0.5, records=None):
+def run(cfg, seconds_of, eval_s=0.5, records=None, agree=float, busy_at=None):
     """Train.py's loop without the training: update `step` takes seconds_of(step, now) seconds
-    on the run's clock, an evaluation (every eval_interval steps and at the end) eval_s. Returns
-    (cfg, records, the run's seconds with its last evaluation)."""
+    on the run's clock, an evaluation (every eval_interval steps and at the end) eval_s; at step
+    `busy_at` BusyWatch speaks. Returns (cfg, records, the run's seconds, last evaluation in)."""
     records = records or [{"step": 0, "time_s": 0.0, "eval_s": eval_s}]
     step, now = records[-1]["step"], records[-1]["time_s"]
     now += 2 * eval_s if step == 0 else 0.0  # step 0's losses: on the clock, not in time_s
-    budget = Budget(cfg, records, step)
+    budget = Budget(cfg, records, step, agree)
     while step < budget.end(cfg):
         lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.lr_decay_steps or cfg.max_steps,
                    cfg.cooldown)
         now += seconds_of(step, now)
         step += 1
         records.append({"step": step, "time_s": now, "lr": lr})
+        if step == busy_at:
+            records[-1]["busy"] = "busy: ..."
         cfg = budget.price(cfg, step, records)
         if step % cfg.eval_interval == 0 or step == budget.end(cfg):
             now += eval_s
@@ -157,6 +160,36 @@ def test_a_resumed_budget_is_priced_on_its_own_steps(capsys):
     cfg, records, seconds = run(cfg, lambda step, now: 0.2, eval_s=1.0, records=before)
     assert records[-1]["step"] == 30
     assert measured_pace(records, since=20)[0] == pytest.approx(0.2)
+
+
+def test_ranks_on_their_own_clocks_take_the_same_plans_at_the_same_steps():
+    """Step 16: each rank prices from its own clock (one of them told of a busy machine), and
+    `agree`, an all-reduce (here two threads that meet at a barrier, which breaks if one rank
+    asks and the other does not), gives both the same plan at the same step."""
+    meet, values, ran = threading.Barrier(2, timeout=10), [0.0, 0.0], [None, None]
+
+    def agree_as(rank):
+        def agree(value):
+            values[rank] = value
+            meet.wait()
+            mean = sum(values) / 2
+            meet.wait()
+            return mean
+        return agree
+
+    def rank(r):
+        noise = random.Random(r)
+        _, records, _ = run(TrainConfig(time_budget=60, max_steps=0, eval_interval=50),
+                            lambda step, now: (0.25 + 0.02 * r) * (1 + 0.3 * noise.random()) * (
+                                3 if now > 30 else 1), agree=agree_as(r), busy_at=40 if r else None)
+        ran[r] = [(x["step"], x["plan"]) for x in records if "plan" in x]
+
+    ranks = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in ranks:
+        thread.start()
+    for thread in ranks:
+        thread.join()
+    assert ran[0] == ran[1] and len(ran[0]) > 3
 
 
 # A busy machine: BusyWatch with stubbed clocks
