@@ -16,7 +16,7 @@ from tiny_llm.train import TrainConfig, lr_at
 def run(cfg, seconds_of, eval_s=0.5, records=None, agree=float, busy_at=None):
     """Train.py's loop without the training: update `step` takes seconds_of(step, now) seconds
     on the run's clock, an evaluation (every eval_interval steps and at the end) eval_s; at step
-    `busy_at` BusyWatch speaks. Returns (cfg, records, the run's seconds, last evaluation in)."""
+    `busy_at` BusyWatch speaks. Returns (cfg, records, seconds with the last evaluation)."""
     records = records or [{"step": 0, "time_s": 0.0, "eval_s": eval_s}]
     step, now = records[-1]["step"], records[-1]["time_s"]
     now += 2 * eval_s if step == 0 else 0.0  # step 0's losses: on the clock, not in time_s
