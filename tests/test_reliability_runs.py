@@ -22,7 +22,7 @@ import tiny_llm.generate as generate_module
 import tiny_llm.processes as processes_module
 import tiny_llm.scale as scale_module
 import tiny_llm.train as train_module
-from tiny_llm.budget import plan_budget
+from tiny_llm.budget import Budget
 from tiny_llm.checkpoint import load_checkpoint, read_log, save_checkpoint
 from tiny_llm.evaluate import read_log as evaluate_read_log
 from tiny_llm.generate import complete, printable, stream_sample
@@ -167,8 +167,9 @@ def test_a_budget_shorter_than_the_warmup_says_what_happens(capsys):
     cfg = TrainConfig(time_budget=1, warmup_steps=100, max_steps=0)
     records = [{"step": 0, "time_s": 0.0, "eval_s": 0.2}]
     records += [{"step": s, "time_s": 0.05 * s} for s in range(1, 11)]  # 50 ms a step
-    cfg, plan = plan_budget(cfg, 10, records)
-    assert plan == 15 and cfg.warmup_steps == 10  # 10 + (1 - 0.5 - 0.2) / 0.051 steps
+    budget = Budget(cfg, records[:1], 0)
+    cfg = budget.price(cfg, 10, records)  # 10 + (1 - 0.5 - 0.2) / 0.051 steps:
+    assert budget.plan == cfg.max_steps == 15 and cfg.warmup_steps == 10
     assert ("1 s is too short for the 100-step warmup: the warmup shrinks to 10 steps of the "
             "15, so the learning rate still comes down. Give a longer "
             "--time-budget or fewer --warmup-steps") in capsys.readouterr().out

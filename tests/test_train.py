@@ -1,6 +1,7 @@
 import argparse
 import json
 import math
+import re
 import signal
 import sys
 from dataclasses import replace
@@ -208,15 +209,15 @@ def test_the_schedule_picture_draws_the_steps_the_default_budget_fixes(tmp_path)
 
 
 class FakeClock:
-    """time.perf_counter for train.py that moves 10 ms per reading (three per step): a budgeted
-    run then plans
-    the same step count on any machine, however busy."""
+    """time.perf_counter for train.py that moves `tick` seconds per reading (three per step,
+    10 ms by default): a budgeted run then plans the same step count on any machine, however
+    busy."""
 
-    def __init__(self):
-        self.now = 0.0
+    def __init__(self, tick=0.01):
+        self.now, self.tick = 0.0, tick
 
     def perf_counter(self):
-        self.now += 0.01
+        self.now += self.tick
         return self.now
 
 
@@ -272,6 +273,24 @@ def test_a_budgeted_run_resumes_exactly(sample_data_dir, tmp_path, monkeypatch):
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
 
 
+def test_a_resumed_budget_is_priced_on_its_own_steps(sample_data_dir, tmp_path, monkeypatch,
+                                                     capsys):
+    """Issue 34's two commands, on a clock at 2.2 s a step (the busy machine where they ran):
+    the resumed run priced the first run's 44 s as one step and stopped at step 23 of 30."""
+    monkeypatch.setattr(train_module, "time", FakeClock(tick=0.73))
+    flags = ["--data-dir", str(sample_data_dir), "--device", "cpu", "--out", str(tmp_path)]
+    for command in (["--preset", "tiny", "--max-steps", "20", "--lr-decay-steps", "30",
+                     "--warmup-steps", "5", "--eval-interval", "10", "--sample-tokens", "0",
+                     "--eval-iters", "2"],  # (a faster evaluation: the same training losses)
+                    ["--max-steps", "30", "--resume", "--sample-tokens", "0",
+                     "--time-budget", "150"]):
+        monkeypatch.setattr(sys, "argv", ["train", *command, *flags])
+        train_module.main()
+    assert "saved        " + str(tmp_path / "ckpt.pt") + " (step 30)" in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / "ckpt.pt")["step"] == 30
+    assert losses(tmp_path)[-1] == pytest.approx(4.125, abs=0.01)  # chapter 10's split run
+
+
 class LoadedClock(FakeClock):
     """A FakeClock whose readings slow to `slower` times the pace after `after` readings, as
     when other work starts beside a run: the re-priced plan must still end on time."""
@@ -293,8 +312,9 @@ def test_a_budget_re_prices_when_the_machine_slows_and_ends_on_time(sample_data_
     prints progress lines to standard error (no real time is measured: the clock is fake)."""
     monkeypatch.setattr(train_module, "time", LoadedClock(after=90, slower=3))
     monkeypatch.setattr(train_module, "PROGRESS_EVERY_S", 0.5)
-    monkeypatch.setattr(train_module, "REPRICE_EVERY", 2)  # a short run: price it often
+    monkeypatch.setattr(budget_module, "REPRICE_EVERY", 2)  # a short run: price it often
     monkeypatch.setattr(budget_module, "PACE_WINDOW", 6)
+    monkeypatch.setattr(budget_module, "SAY_EVERY_S", 0.5)  # a plan line at most every 0.5 s
     cfg = budgeted(sample_data_dir, tmp_path, time_budget=2.0)
     result = train(cfg)
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
@@ -304,7 +324,9 @@ def test_a_budget_re_prices_when_the_machine_slows_and_ends_on_time(sample_data_
         "train_config"]["max_steps"]
     assert cfg.time_budget * 0.9 <= result["time_s"] <= cfg.time_budget * 1.03
     out, err = capsys.readouterr()
-    assert f"so {plans[-1]:,} steps, was {plans[-2]:,}" in out
+    said = [int(n.replace(",", "")) for n in re.findall(r"so ([\d,]+) steps", out)]
+    assert f"so {said[1]:,} steps, was {said[0]:,}" in out  # the last plan line's plan
+    assert said[0] == plans[0] and said[1] in plans and len(said) < len(plans)  # only 5% moves
     assert "progress     step 17 of 65  loss" in err  # 0.5 s of the fake clock: 17 steps
     assert records[-1]["lr"] < cfg.min_lr + 0.2 * (cfg.lr - cfg.min_lr)  # decayed all the same
 

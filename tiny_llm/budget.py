@@ -3,10 +3,12 @@
 A schedule that decays needs to know its last step, and a budget gives seconds, not steps. So
 a budgeted run measures its own pace over its first updates (inside the warmup, whose learning
 rates do not depend on the last step), plans the step count that fits the rest of the budget,
-evaluations included, and prices it again every few steps from the latest pace: a machine that
-gets busier (or quieter) moves the end, and the run still stops on time. With warmup-stable-decay
+evaluations included, and prices it again as it goes from the latest pace: a machine that gets
+busier (or quieter) moves the end, and a budget is a deadline: when time runs out the decay
+comes sooner, and when not one more update fits the run ends there. With warmup-stable-decay
 the learning rate is the peak until the decay starts, so a moved end changes no step already
-taken. The plan is written into the run's settings (max_steps) at every save.
+taken. The plan is written into the run's settings (max_steps) at every save. The console
+hears of a new plan only when it moves by more than 5%, at most once every 30 s.
 Step 10's training loop uses it; `--time-budget 10m` on its command line.
 """
 
@@ -38,7 +40,7 @@ def pace_steps(cfg):
     """How many updates a budgeted run takes before its first plan: 10, or the whole warmup if
     it is shorter. Warmup learning rates do not depend on the step count, so planning after
     them changes nothing already done; 10 is few enough that a short budget can still shrink
-    its warmup (see plan_budget)."""
+    its warmup (see fit_warmup)."""
     return max(1, min(10, cfg.warmup_steps))
 
 
@@ -53,9 +55,14 @@ def resumed_plan(cfg, records):
     return budgeted, cfg.max_steps if planned else None, cap
 
 
-REPRICE_EVERY = 10  # updates between two pricings of the plan (DDP ranks agree at each one)
-PACE_WINDOW = 20  # the pace is the median of the latest step times: load shows in 10 steps
+REPRICE_EVERY = 10  # at most this many updates between two pricings (every one near the end)
+PACE_WINDOW = 20  # the pace is the median of the latest step times: load shows in 10 steps,
+RECENT = 3  # or of the latest 3 if slower: a machine that gets busier shows at once
 REPLAN_SLACK = 0.01  # a new plan replaces the old one when it moves the end by more than 1%
+SAY_SLACK = 0.05  # a `budget` line when the plan moved by more than 5% since the last one,
+SAY_EVERY_S = 30  # at most one every 30 s: the progress bar (or line) shows the plan meanwhile
+USEFUL_STEPS = 300  # fewer updates leave the main job's model far from sentences: val 6.1 at
+# 22 steps, 3.74 at 332, on the issue's busy laptop; the 10-minute record's 3.74 came at step 400
 
 
 def budget_steps(cfg, step, seconds, step_seconds, eval_seconds, cap=0):
@@ -70,49 +77,155 @@ def budget_steps(cfg, step, seconds, step_seconds, eval_seconds, cap=0):
     return min(cap or math.inf, step + more)
 
 
+def step_times(records, since=0):
+    """Each latest update's seconds, from the log's clock: the gaps between the records of the
+    steps from `since` on (where this process started: a resumed run's earlier time is spent,
+    not a pace), from the latest `busy` record on (device.py changed the threads there) while
+    that leaves two, and no further back than the pace needs. The first gap after a start is
+    the first step, one-off costs and all.
+
+    records at 0, 1.0, 1.2, 1.9 s, an evaluation of 0.5 s at step 2 -> [1.0, 0.2, 0.2]."""
+    latest = itertools.islice(reversed(records), PACE_WINDOW + 5)  # not a long run's whole log
+    mine = list(itertools.takewhile(lambda r: r["step"] >= since, latest))[::-1]
+    changed = [i for i, r in enumerate(mine) if "busy" in r and len(mine) - i > 2]
+    mine = mine[changed[-1] if changed else 0 :]
+    return [b["time_s"] - a["time_s"] - a.get("eval_s", 0.0)  # an evaluation is priced apart
+            for a, b in itertools.pairwise(mine)]
+
+
 def measured_pace(records, since=0):
-    """(seconds per step, seconds per evaluation) from the log: the median wall time from one
-    step's record to the next over the latest PACE_WINDOW steps after step `since` (where this
-    process started), so everything the loop does per step counts and a change of load shows;
-    the first two after `since` are left out (one-off costs: allocation, torch.compile). The
-    evaluation's time is the latest one measured."""
-    times = [r["time_s"] for r in records if r["step"] > since]
-    gaps = [b - a for a, b in itertools.pairwise(times)][2:][-PACE_WINDOW:]
-    pace = statistics.median(gaps) if gaps else times[-1] / max(1, len(times))
+    """(seconds per step, seconds per evaluation, one-off seconds, the latest step's seconds)
+    from the log. The pace is the median of the latest PACE_WINDOW step times, or of the latest
+    RECENT if that is slower; the first three steps are left out (allocation, torch.compile)
+    while later ones are there, and their time beyond the pace is the one-off cost. The
+    evaluation's time is the latest one."""
+    times = step_times(records, since)
+    if not times:  # no update timed yet
+        return None, 0.0, 0.0, None
+    steady = times[3:] or times[1:] or times
+    pace = max(statistics.median(steady[-PACE_WINDOW:]), statistics.median(steady[-RECENT:]))
+    one_off = sum(t - pace for t in times[: len(times) - len(steady)])
     eval_s = next((r["eval_s"] for r in reversed(records) if "eval_s" in r), 0.0)  # old logs
-    return pace, eval_s
+    return pace, eval_s, one_off, times[-1]
 
 
-def plan_budget(cfg, step, records, plan=None, since=0, cap=0, agree=float):
-    """Price the budget from the pace so far: (cfg, plan), where plan is the step count at which
-    the budget runs out and cfg may have a shorter warmup. `plan` is the current plan (None
-    before the first); a new one is taken only when it moves the end by more than 1%, or when
-    the time is up, and the run prints what changed. With warmup-stable-decay the learning rate
-    is the peak until the decay starts, so moving the end changes nothing already done.
+class Budget:
+    """The plan of a budgeted run: the step count at which --time-budget runs out, priced after
+    every update of this process from its own steps.
 
-    A budget too short for its warmup shrinks the warmup to a quarter of the plan (never below
-    the steps already taken), so the run still reaches its peak and decays. `agree` averages a
-    number over the processes of one run (step 16), so every rank takes the same plan."""
-    pace, eval_s = measured_pace(records, since)
-    seconds = records[-1]["time_s"]
-    steps = round(agree(budget_steps(cfg, step, seconds, pace, eval_s, cap)))
-    if steps == plan or plan is None and steps == cap:
-        return cfg, steps  # nothing to say: the plan holds, or --max-steps ends the run first
-    if plan is not None and abs(steps - plan) <= REPLAN_SLACK * plan and steps > step:
-        return cfg, plan  # the pace has not moved enough to change the plan
-    why = "" if plan is None else f", was {plan:,}"
-    tqdm.write(f"{'budget':<12} {cfg.time_budget:.0f} s: {pace * 1000:.0f} ms per step and "
-               f"{eval_s:.1f} s per evaluation after {seconds:.1f} s, so {steps:,} steps{why}",
-               file=sys.stdout)
+    A new plan is taken when it moves the end by more than 1% at a pricing (every REPRICE_EVERY
+    updates, more often in the last 100, every update in the last 20), or at once when the rest
+    would take more than twice its time; when not one more update fits, the run ends at this
+    one: time is up. A `budget` line says the first plan, then a plan that moved by more than
+    SAY_SLACK since the last line, SAY_EVERY_S after it at the soonest.
+    `agree` averages a number over the processes of one run (step 16), so every rank takes the
+    same plan at the same step. The plan is written into cfg (max_steps): the decay ends there.
+    """
+
+    def __init__(self, cfg, records, step, agree=float):
+        self.on, self.plan, self.cap = resumed_plan(cfg, records)
+        self.since, self.priced, self.agree = step, step, agree
+        self.said, self.said_at = self.plan, -math.inf  # the plan of the last `budget` line
+        self.few_said = False
+
+    def end(self, cfg):
+        """The step count the run ends at, as planned now."""
+        return (self.plan or self.cap or math.inf) if self.on else cfg.max_steps
+
+    def price(self, cfg, step, records):
+        """Price the rest after update `step` (records: the log, to it); returns cfg, with a
+        changed plan as max_steps (the log's record of the step says so too)."""
+        if not self.on:
+            return cfg
+        pace, eval_s, one_off, last = measured_pace(records, self.since)
+        if pace is None:
+            return cfg
+        seconds = records[-1]["time_s"]
+        fit = round(self.agree(self.steps_that_fit(cfg, step, seconds, pace, eval_s, last)))
+        if self.takes(cfg, step, fit):
+            was, self.plan, self.priced = self.plan, fit, step
+            if fit != self.cap:  # the budget, not --max-steps, ends the run
+                records[-1].update(plan=fit, plan_cap=self.cap)
+            cfg = replace(cfg, max_steps=fit)
+            if was is None and fit == self.cap:  # nothing to say: --max-steps ends the run
+                self.said = fit
+            elif was is None:
+                once = one_off if one_off >= max(1.0, 10 * pace) else 0.0
+                self.say_plan(cfg, seconds, pace, eval_s, once)
+                cfg = fit_warmup(cfg, step, fit)
+            elif fit <= step:
+                say(f"time is up: {seconds:.1f} s of the {cfg.time_budget:g} s budget are spent "
+                    f"and the latest step took {last:.1f} s; the run ends at step {step:,}, not "
+                    f"{was:,}, with its last evaluation and a save")
+            if fit < USEFUL_STEPS and fit != self.cap and not self.few_said:
+                self.few_said = True
+                self.too_few(cfg, step, seconds, pace, eval_s, fit)
+        if self.said and step < self.plan and abs(self.plan - self.said) > SAY_SLACK * self.said \
+                and seconds - self.said_at >= SAY_EVERY_S:  # quiet output: moves that count
+            self.say_plan(cfg, seconds, pace, eval_s)
+        return cfg
+
+    def say_plan(self, cfg, seconds, pace, eval_s, once=0.0):
+        """The `budget` line of the plan, with the one it replaces (and one-off seconds)."""
+        spent = f" ({once:.1f} s of them once, in the first steps)" if once else ""
+        was = "" if self.said is None else f", was {self.said:,}"
+        say(f"{cfg.time_budget:g} s: {pace * 1000:,.0f} ms per step and {eval_s:.1f} s per "
+            f"evaluation after {seconds:.1f} s{spent}, so {self.plan:,} steps{was}")
+        self.said, self.said_at = self.plan, seconds
+
+    def steps_that_fit(self, cfg, step, seconds, pace, eval_s, last):
+        """budget_steps at the pace; or `step`, time is up, when the next update would end past
+        the budget were it as slow as the latest. With one update timed (one-off costs and
+        all), only a budget already spent ends the run."""
+        if step - self.since < 2 and (self.plan is not None or pace_steps(cfg) > 1):
+            pace = last = 1e-9
+        if budget_steps(cfg, step, seconds, max(pace, last), eval_s, self.cap) <= step:
+            return step
+        return budget_steps(cfg, step, seconds, pace, eval_s, self.cap)
+
+    def takes(self, cfg, step, fit):
+        """Whether the plan `fit`, priced after update `step`, replaces the current one."""
+        if fit == self.plan:
+            return False
+        if fit <= step:  # not one more update fits: time is up
+            return True
+        timed = step - self.since >= 2  # the first update paid one-off costs: a second is needed
+        if self.plan is None:  # the first plan: after the pace steps, or earlier if they do
+            first = self.since + pace_steps(cfg)  # not fit
+            return step >= first or timed and fit < first
+        if not timed:
+            return False
+        due = step - self.priced >= max(1, min(REPRICE_EVERY, (self.plan - step) // 10))
+        late = fit - step < (self.plan - step) / 2  # the rest would take twice its time
+        return late or due and abs(fit - self.plan) > REPLAN_SLACK * self.plan
+
+    def too_few(self, cfg, step, seconds, pace, eval_s, fit):
+        """Say, before the minutes are spent, that the plan is too short to be of use."""
+        need = seconds + (USEFUL_STEPS - step) * (pace + eval_s / cfg.eval_interval) + eval_s
+        say(f"only {fit:,} update{'s' * (fit != 1)} fit in {cfg.time_budget:g} s at this pace, "
+            f"and a model needs a few hundred to write sentences: {USEFUL_STEPS} take about "
+            f"--time-budget {math.ceil(need / 60)}m here. Give it that, train when the machine "
+            "is quieter, or pass --time-budget 0 --max-steps N for N updates however long they "
+            "take")
+
+
+def say(text):
+    """A `budget` line on standard output, above the progress bar."""
+    tqdm.write(f"{'budget':<12} {text}", file=sys.stdout)
+
+
+def fit_warmup(cfg, step, steps):
+    """The first plan, `steps` updates, told to a warmup it cannot hold: cfg, with a warmup of a
+    quarter of the plan (never below the steps already taken), so the run still reaches its
+    peak and decays; or, when the budget is spent inside the warmup, the same cfg."""
     warmup = max(min(step, cfg.warmup_steps), steps // 4)
-    if plan is None and steps <= step < cfg.warmup_steps:
-        tqdm.write(f"{'budget':<12} {cfg.time_budget:g} s is spent inside the "
-                   f"{cfg.warmup_steps}-step warmup: the run ends at step {step:,}, with no "
-                   "decay. Give a longer --time-budget or fewer --warmup-steps", file=sys.stdout)
-    elif plan is None and warmup < cfg.warmup_steps:
-        tqdm.write(f"{'budget':<12} {cfg.time_budget:g} s is too short for the "
-                   f"{cfg.warmup_steps}-step warmup: the warmup shrinks to {warmup} steps of "
-                   f"the {steps:,}, so the learning rate still comes down. Give a longer "
-                   "--time-budget or fewer --warmup-steps", file=sys.stdout)
+    if steps <= step < cfg.warmup_steps:
+        say(f"{cfg.time_budget:g} s is spent inside the {cfg.warmup_steps}-step warmup: the run "
+            f"ends at step {step:,}, with no decay. Give a longer --time-budget or fewer "
+            "--warmup-steps")
+    elif warmup < cfg.warmup_steps:
+        say(f"{cfg.time_budget:g} s is too short for the {cfg.warmup_steps}-step warmup: the "
+            f"warmup shrinks to {warmup} steps of the {steps:,}, so the learning rate still "
+            "comes down. Give a longer --time-budget or fewer --warmup-steps")
         cfg = replace(cfg, warmup_steps=warmup)
-    return cfg, steps
+    return cfg

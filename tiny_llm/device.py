@@ -286,55 +286,79 @@ def check_batch_fits(config, batch_size, grad_accum, device):
             f"(now {grad_accum}) to keep the tokens per step")
 
 
-BUSY_ADVICE = ("Try OMP_NUM_THREADS=1 (or the number of cores that are really free), or train "
-               "when the machine is quieter; docs/troubleshooting.md, 'A busy machine'")
+def busy_advice(threads):
+    """What to do about a busy machine, leaving out what the run already does: one thread is
+    the first advice only while the run has more."""
+    more = ("Try OMP_NUM_THREADS=1 (or the number of cores that are really free), or train "
+            "when the machine is quieter") if threads > 1 else "Train when the machine is quieter"
+    return f"{more}; docs/troubleshooting.md, 'A busy machine'"
 
 
 class BusyWatch:
-    """Notices, early in a run, a machine much slower than the run's own first steps promised.
+    """Notices a machine much slower than the run's own steps promised, and adapts to it.
 
-    Call step() after every training step; it returns a warning once, else None. Two signs,
-    both read from this run's clocks: on a CPU, the process got under half the CPU time its
-    threads ask for (other programs hold the cores; PyTorch's threads wait for each other at
-    every operation, so two threads on a shared pair of cores can be ten times slower than one);
-    and, anywhere, recent steps taking `slower` times the median of the first ones. It only
-    prints: the step count a time budget fixes (budget.py) is the same with or without it.
+    Call step() after every training step; it returns a message when something changed, else
+    None. Two signs, both read from this run's clocks. On a CPU, the process got under half the
+    CPU time its threads ask for over its latest `first` steps (or over its first seconds, when
+    the first steps are slow: step 0's evaluation is in the first): other programs hold the
+    cores, and PyTorch's threads wait for each other at every operation (two threads on a
+    shared pair of cores can be ten times slower than one), so the run drops to the threads it
+    really gets (torch.set_num_threads) and says so. And, anywhere, recent steps take `slower`
+    times the median of the first ones: said once. The budget (budget.py) prices its plan from
+    the pace the run then has.
     """
 
+    SEEN_S = 5.0  # wall seconds of steps enough to judge the threads, however few the steps
+
     def __init__(self, threads, on_cpu, first=5, slower=3.0,
-                 wall=time.perf_counter, cpu=time.process_time):
+                 wall=time.perf_counter, cpu=time.process_time, set_threads=None):
         self.threads, self.on_cpu, self.first, self.slower = threads, on_cpu, first, slower
         self.wall, self.cpu = wall, cpu
+        self.set_threads = set_threads or torch.set_num_threads
         self.last = (wall(), cpu())
         self.steps = []  # (wall seconds, CPU seconds) of each step
-        self.warned = False
+        self.since = 0  # the steps of the threads now (after a change: from the second on)
+        self.slow_said = False
 
     def step(self):
-        if self.warned:  # once said, nothing more to measure
-            return None
         now = (self.wall(), self.cpu())
         self.steps.append((now[0] - self.last[0], now[1] - self.last[1]))
         self.last = now
-        if len(self.steps) <= self.first:
-            return None
-        message = self._diagnose()
-        self.warned = message is not None
-        return message
+        return self._fewer_threads() or self._slower()
 
-    def _diagnose(self):
-        early = self.steps[1 : self.first + 1]  # the first step pays for allocation: left out
-        if len(self.steps) == self.first + 1 and self.on_cpu and self.threads > 1:
-            share = sum(c for _, c in early) / max(sum(w for w, _ in early), 1e-9)
-            if share < self.threads / 2:  # CPU seconds per second: the cores it really got
-                return (f"busy: this run got {share:.1f} of the {self.threads} cores its threads "
-                        f"ask for; other programs hold the rest. {BUSY_ADVICE}")
-        baseline = statistics.median(w for w, _ in early)
+    def _fewer_threads(self):
+        """On a CPU, the threads the latest steps really got, when under half of those asked."""
+        seen = self.steps[self.since :]
+        if len(seen) > self.first:
+            seen = seen[-self.first :]  # the first step, with its allocations, is left out
+        elif sum(w for w, _ in seen) < self.SEEN_S:
+            return None
+        share = sum(c for _, c in seen) / max(sum(w for w, _ in seen), 1e-9)
+        if not (self.on_cpu and self.threads > 1 and share < self.threads / 2):
+            return None  # CPU seconds per second of wall time: the cores it really got
+        asked, self.threads = self.threads, max(1, int(share))  # a core it shares: left out
+        self.set_threads(self.threads)
+        self.since = len(self.steps) + 1  # judge the new threads on their own steps
+        return (f"busy: this run got {share:.1f} of the {asked} cores its threads ask for; other "
+                f"programs hold the rest, and threads that wait for each other slow every step. "
+                f"It goes on with {self.threads} thread{'s' * (self.threads > 1)}, as "
+                f"OMP_NUM_THREADS={self.threads} would from the start; docs/troubleshooting.md, "
+                "'A busy machine'")
+
+    def _slower(self):
+        """Recent steps `slower` times the first ones' median (the very first left out): said
+        once."""
+        start = max(1, self.since)
+        if self.slow_said or len(self.steps) - start < self.first:
+            return None
+        baseline = statistics.median(w for w, _ in self.steps[start : start + self.first])
         recent = statistics.median(w for w, _ in self.steps[-3:])
-        if recent > self.slower * baseline:
-            return (f"slow: steps now take {recent / baseline:.1f} times as long as the first "
-                    f"ones ({1000 * recent:.0f} ms against {1000 * baseline:.0f} ms); something "
-                    f"else is using this machine. {BUSY_ADVICE}")
-        return None
+        if recent <= self.slower * baseline:
+            return None
+        self.slow_said = True
+        return (f"slow: steps now take {recent / baseline:.1f} times as long as the first "
+                f"ones ({1000 * recent:.0f} ms against {1000 * baseline:.0f} ms); something "
+                f"else is using this machine. {busy_advice(self.threads)}")
 
 
 def main():

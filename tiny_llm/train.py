@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 from tqdm import tqdm
 
-from tiny_llm.budget import REPRICE_EVERY, pace_steps, plan_budget, resumed_plan
+from tiny_llm.budget import Budget, pace_steps
 from tiny_llm.checkpoint import (
     explain_failed_save,
     load_checkpoint,
@@ -242,8 +242,10 @@ def progress_line(r, total):
 
 
 def show_progress(bar, r, total, note_at, rank=0):
-    """Move the bar on by the step of record `r`; without a bar (output to a file), print a
-    progress line once the run's clock passes `note_at`. Returns when the next line is due."""
+    """Move the bar on by the step of record `r` (of `total`, the plan); without a bar (output to
+    a file), print a progress line once the run's clock passes `note_at`. Returns when the next
+    line is due."""
+    bar.total = total or None
     bar.update()
     bar.set_postfix_str(f"loss {r['train_loss']:.3f}, lr {r['lr']:.2e}, "
                         f"{r['tokens_per_s']:,.0f} tok/s")
@@ -301,31 +303,29 @@ def train_in_folder(cfg, parallel, hooks):
     check_batch_fits(gpt.config, cfg.batch_size, cfg.grad_accum, device)  # before any step
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     note_at = PROGRESS_EVERY_S + (records[-1]["time_s"] if records else 0.0)
-    budgeted, plan, cap = resumed_plan(cfg, records)  # a resumed budget run goes on re-pricing
-    since, end = step, (plan or cap or math.inf) if budgeted else cfg.max_steps
+    budget = Budget(cfg, records, step, agree=parallel.mean)  # priced after every update
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
                disable=None if parallel.rank == 0 else True)
     with stop_on_ctrl_c() as stop, kept_memory(device.type == "cpu"):  # step 13 explains it
         if step == 0:  # the untrained model's losses, printed as an evaluation
             records.append(first_record(gpt, train_data, valid_data, cfg, device))
-        while step < end:
+        while step < budget.end(cfg):
             decay_steps = cfg.lr_decay_steps or cfg.max_steps
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps, cfg.cooldown)
             t0 = time.perf_counter()
             loss = update_weights(model, optimizer, train_data, cfg, device, data_gen, lr, step,
                                   parallel=parallel, scaler=scaler)
             step += 1
-            if (warning := watch.step()) and parallel.rank == 0:
-                tqdm.write(warning, file=sys.stderr)
             records.append({"step": step, "train_loss": loss, "lr": lr, "tokens": step *
                             tokens_per_step, "time_s": time.perf_counter() - clock,
                             "tokens_per_s": tokens_per_step / (time.perf_counter() - t0)})
-            if budgeted and (step % REPRICE_EVERY == 0 and step > since + 2
-                             or plan is None and step >= pace_steps(cfg)):  # price the rest
-                cfg, plan = replan(cfg, step, records, plan, since, cap, bar, parallel)
-                end = plan
-            note_at = show_progress(bar, records[-1], plan or cfg.max_steps, note_at, parallel.rank)
-            evaluate = step % cfg.eval_interval == 0 or step == end
+            if warning := watch.step():  # a busy machine: fewer threads, or a warning
+                records[-1]["busy"] = warning  # in the log; the budget's pace starts again
+                if parallel.rank == 0:
+                    tqdm.write(warning, file=sys.stderr)
+            cfg = budget.price(cfg, step, records)  # the plan, as max_steps (budget.py)
+            note_at = show_progress(bar, records[-1], cfg.max_steps, note_at, parallel.rank)
+            evaluate = step % cfg.eval_interval == 0 or step == budget.end(cfg)
             if evaluate:
                 add_evaluation(records[-1], gpt, valid_data, cfg, device)
             if evaluate or stop.is_set():
@@ -336,18 +336,6 @@ def train_in_folder(cfg, parallel, hooks):
                 break
     bar.close()
     return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.reason}
-
-
-def replan(cfg, step, records, plan, since, cap, bar, parallel=ONE_PROCESS):
-    """Price the rest of the budget (budget.py): (cfg, plan). A plan that changes is logged in
-    the step's record, saved as max_steps (the decay ends there) and given to the bar."""
-    cfg, new = plan_budget(cfg, step, records, plan, since, cap, agree=parallel.mean)
-    if new != plan:  # the log says how the plan changed, step by step
-        if new != cap:  # the budget, not --max-steps, ends the run
-            records[-1].update(plan=new, plan_cap=cap)
-        cfg = replace(cfg, max_steps=new)
-        bar.total = new
-    return cfg, new
 
 
 def add_evaluation(record, model, valid_data, cfg, device):
