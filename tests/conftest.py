@@ -79,7 +79,7 @@ EXPECTED_SECONDS = [
     ("tests/test_vs_nanogpt.py", 4),
     ("tests/test_scale.py::test_fsdp2", 30),  # two torchrun jobs of 2 ranks
     (CONSOLE + "16-scale-out.md:232", 30),  # a torchrun job and a one-process run
-    (CONSOLE + "18-export.md", 20),
+    (CONSOLE + "19-export.md", 20),
     (CONSOLE + "17-requests.md", 10),  # a tiny base, a fine-tuning and a story
     ("tests/test_instruct.py", 8),
     (CONSOLE + "11-evaluate.md", 20),
