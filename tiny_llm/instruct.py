@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tiny_llm.data import file_stories, hub_reachable, load_token_array, split_tail
+from tiny_llm.data import file_stories, get_batch, hub_reachable, load_token_array, split_tail
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import EOT, load_tokenizer
 
@@ -149,6 +149,21 @@ def score_story(request, story):
                               == ("Dialogue" in request["features"]))}
 
 
+def measure_line(request, story):
+    """What --measure prints under a story: each score_story field the request asks for, and
+    the words it missed. 'measured     words 2/3 (missed brave), dialogue none, not asked'"""
+    words, scores = request["words"], score_story(request, story)
+    missed = [w for w in words if not uses_word(story, w)]
+    parts = [f"words {len(words) - len(missed)}/{len(words)}"
+             + (f" (missed {', '.join(missed)})" if missed else "")] if words else []
+    if scores["sentence"] is not None:
+        parts.append(f"sentence {'yes' if scores['sentence'] else 'no'}")
+    asked = "Dialogue" in request["features"]
+    quoted = scores["dialogue"] == asked  # the score is 1 when quotes come exactly when asked
+    parts.append(f"dialogue {'written' if quoted else 'none'}, {'' if asked else 'not '}asked")
+    return f"{'measured':<12} " + ", ".join(parts)
+
+
 def takes_requests(ckpt):
     """Whether a loaded checkpoint dict was fine-tuned on requests (train --requests)."""
     return bool((ckpt.get("train_config") or {}).get("requests"))
@@ -238,14 +253,39 @@ def instruct_records(source, tokenizer):
 def request_rows(cfg, train_data, valid_data, seq_len):
     """Step 10's loop calls this when --requests is set: RequestRows for train and valid.
     --requests derived reads requests off the prepared stories; anything else is a
-    TinyStories-Instruct source (instruct_records)."""
+    TinyStories-Instruct source (instruct_records). With a request_share below 1, the training
+    rows are MixedRows and validation stays on plain windows (the base model's loss)."""
+    share = getattr(cfg, "request_share", 1.0)  # below 1: pretraining with requests mixed in
+    if not 0 < share <= 1:
+        raise ValueError(f"--request-share is the share of rows that carry a request, in (0, 1]"
+                         f", got {share}: 1 fine-tunes on requests alone, 0.5 pretrains on both")
     tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
     if cfg.requests == "derived":
         records = {split: derived_records(data, tokenizer, seq_len, cfg.seed)
                    for split, data in (("train", train_data), ("valid", valid_data))}
     else:
         records = instruct_records(cfg.requests, tokenizer)
-    return tuple(rows_of(records[split], tokenizer, seq_len) for split in ("train", "valid"))
+    rows = tuple(rows_of(records[split], tokenizer, seq_len) for split in ("train", "valid"))
+    if share < 1:  # requests from the first token: plain windows beside them, plain validation
+        return MixedRows(rows[0], train_data, share), valid_data
+    return rows
+
+
+class MixedRows:
+    """Pretraining rows of which a share start with a request (--request-share): of B rows,
+    round(share·B) are RequestRows' (loss on the story only), the rest plain windows of the
+    token stream (data.get_batch), all drawn from the loop's generator, so a resumed run draws
+    the same rows."""
+
+    def __init__(self, request_rows, data, share):
+        self.request_rows, self.data, self.share = request_rows, data, share
+
+    def get_batch(self, batch_size, seq_len, device=None, generator=None, part=slice(None)):
+        """(x, y), each (B, seq_len) int64: the request rows first, then the windows."""
+        n = round(self.share * batch_size)
+        qx, qy = self.request_rows.get_batch(n, seq_len, generator=generator)
+        px, py = get_batch(self.data, batch_size - n, seq_len, generator=generator)
+        return torch.cat([qx, px])[part].to(device), torch.cat([qy, py])[part].to(device)
 
 
 def rows_of(records, tokenizer, seq_len):

@@ -29,10 +29,16 @@ import torch.nn.functional as F
 from tiny_llm.budget import parse_duration
 from tiny_llm.checkpoint import class_path, load_checkpoint, model_from_state, save_checkpoint
 from tiny_llm.data import ensure_data, load_token_array
+from tiny_llm.files import save_figure
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, GPTConfig
-from tiny_llm.instruct import derived_records, free_request, render_request, request_row, \
-    score_story
+from tiny_llm.instruct import (
+    derived_records,
+    free_request,
+    render_request,
+    request_row,
+    score_story,
+)
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import EOT, load_tokenizer
@@ -144,6 +150,11 @@ class RewardConfig:
                              f"{self.group_size}, {self.requests_per_step}, {self.free_share}")
 
 
+def scorer(requests, tokenizer):
+    """score(i, story ids) for reward_step: the reward of the story written for request i."""
+    return lambda i, ids: reward(requests[i], tokenizer.decode(ids))
+
+
 def draw_requests(records, cfg, generator):
     """cfg.requests_per_step requests: free ones (three COMMON_WORDS) with probability
     cfg.free_share, else the derived request of a random training story."""
@@ -201,7 +212,7 @@ def train_reward(cfg):
         t0 = time.perf_counter()
         requests = draw_requests(records_of_stories, cfg, generator)
         prompts = [tokenizer.encode(render_request(**r)).ids for r in requests]
-        score = lambda i, ids: reward(requests[i], tokenizer.decode(ids))  # noqa: E731
+        score = scorer(requests, tokenizer)
         log = reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot_id)
         step, last_s = step + 1, time.perf_counter() - t0
         records.append({"step": step, **log, "time_s": time.perf_counter() - clock})
@@ -256,6 +267,26 @@ def check():
               f"updates, KL to the start {kl:.3f}")
 
 
+def plot_rewards(records, path):
+    """Draw a run's reward curve (each update's mean reward, and the mean of the last 10)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, rewards = [r["step"] for r in records], [r["reward"] for r in records]
+    smooth = [sum(rewards[max(0, i - 9): i + 1]) / len(rewards[max(0, i - 9): i + 1])
+              for i in range(len(rewards))]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(steps, rewards, color="lightgrey", label="each update's stories")
+    ax.plot(steps, smooth, color="tab:blue", label="mean of the last 10 updates")
+    ax.set_xlabel("update")
+    ax.set_ylabel("reward")
+    ax.legend()
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=100)
+
+
 def parse_args(argv):
     """RewardConfig from the command line: every field is a flag (--time-budget 5m)."""
     parser = argparse.ArgumentParser(description="Step 18: GRPO on requests.")
@@ -279,6 +310,14 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         return check()
+    if "--plot" in argv:  # --out RUN --plot PNG: draw the run's reward curve
+        plot = argparse.ArgumentParser(description="Draw a reward run's curve.")
+        plot.add_argument("--out", default=RewardConfig.out)
+        plot.add_argument("--plot", type=Path, required=True)
+        args = plot.parse_args(argv)
+        ckpt = load_checkpoint(Path(args.out) / "ckpt.pt")
+        print(f"{'saved':<12} {plot_rewards(ckpt['reward']['records'], args.plot)}")
+        return
     cfg = parse_args(argv)
     try:
         records = train_reward(cfg)
