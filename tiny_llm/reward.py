@@ -104,12 +104,12 @@ def grpo_loss(model, reference, x, y, advantage, kl_coef):
 
 def reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot_id=0):
     """One GRPO update on `prompts` (lists of ids): cfg.group_size stories each, scored by
-    score(i, story ids) -> [0, 1]. Returns the log's numbers: reward, all (the share of stories
-    scoring 1), kl."""
+    score(i, story ids) -> [0, 1]. Returns the log's numbers: the mean reward, full (the share
+    of stories that did all they were asked: reward 1) and the KL to the reference."""
     model.eval()  # no dropout: the log-probabilities are those the stories were drawn from
     rows, rewards = [], []
     for i, prompt in enumerate(prompts):
-        new = min(cfg.max_new_tokens, model.config.max_seq_len - len(prompt))
+        new = max(0, min(cfg.max_new_tokens, model.config.max_seq_len - len(prompt)))
         group = sample_group(model, prompt, cfg.group_size, new, generator, eot_id)
         rows.append(rollout_rows(prompt, group, eot_id, model.config.max_seq_len))
         rewards.append([score(i, story) for story, _ in group])
@@ -120,7 +120,7 @@ def reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
-    return {"reward": rewards.mean().item(), "all": (rewards == 1).float().mean().item(),
+    return {"reward": rewards.mean().item(), "full": (rewards == 1).float().mean().item(),
             "kl": kl}
 
 
@@ -135,7 +135,7 @@ class RewardConfig:
     group_size: int = 8  # stories sampled for each request
     requests_per_step: int = 2  # requests (groups) in one update
     max_new_tokens: int = 96  # the longest story (less if the request leaves less room)
-    lr: float = 3e-5  # AdamW's learning rate, constant
+    lr: float = 1e-4  # AdamW's learning rate, constant
     kl_coef: float = 0.1  # the KL term's weight: 0 lets the model drift as far as it likes
     free_share: float = 0.5  # the share of requests drawn from COMMON_WORDS, the rest derived
     save_interval: int = 20  # save a checkpoint every this many updates (and at the end)
@@ -216,7 +216,7 @@ def train_reward(cfg):
         log = reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot_id)
         step, last_s = step + 1, time.perf_counter() - t0
         records.append({"step": step, **log, "time_s": time.perf_counter() - clock})
-        print(f"{'step ' + str(step):<12} reward {log['reward']:.3f}  all {log['all']:.2f}  "
+        print(f"{'step ' + str(step):<12} reward {log['reward']:.3f}  full {log['full']:.2f}  "
               f"kl {log['kl']:.4f}", flush=True)
         if step % cfg.save_interval == 0:
             save(ckpt_path, model, optimizer, generator, step, cfg, start, records)
@@ -224,10 +224,11 @@ def train_reward(cfg):
     return records
 
 
-def training_stories(data_dir):
-    """The prepared training stories, whose derived requests the run draws from."""
+def training_stories(data_dir, tokens=1_000_000):
+    """The first training stories (a million tokens: some 5,000 stories is plenty of requests,
+    and reading requests off all of TinyStories would take minutes)."""
     ensure_data(Path(data_dir))
-    return load_token_array(Path(data_dir) / "train.bin")
+    return load_token_array(Path(data_dir) / "train.bin")[:tokens]
 
 
 def toy_run(steps=30, kl_coef=0.05, seed=0):
