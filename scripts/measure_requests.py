@@ -16,9 +16,10 @@ from pathlib import Path
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.data import load_token_array
 from tiny_llm.evaluate import bits_per_byte
-from tiny_llm.instruct import derived_records, free_request, measure
+from tiny_llm.instruct import derived_records, measure
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.prepared import load_meta
+from tiny_llm.scoring import free_request
 from tiny_llm.tokenize import load_tokenizer
 
 

@@ -131,6 +131,20 @@ def missing_piece(block):
     return None
 
 
+def python_argv(command):
+    """The argv after `python` of a chapter command: `uv run python ARGS` -> ARGS, and the
+    type-along's own command `uv run workalong ARGS` -> -m tiny_llm.course.workalong ARGS (the
+    `[project.scripts]` entry); None for any other command."""
+    import shlex
+
+    argv = shlex.split(command)
+    if argv[:3] == ["uv", "run", "python"]:
+        return argv[3:]
+    if argv[:3] == ["uv", "run", "workalong"]:
+        return ["-m", "tiny_llm.course.workalong", *argv[3:]]
+    return None
+
+
 def commands(block):
     """[(command, expected_lines)] from a console block."""
     return console_commands(block.body, block.where)
@@ -141,11 +155,10 @@ def command_modules(command, files):
     other, given the package `files` ({file name: text}); None when the command's entry cannot
     be read (the caller then assumes the worst). `python -m tiny_llm.x`, `python -m solutions.y`,
     `python scripts/z.py`, `python -c CODE` and torchrun's `... -m tiny_llm.x` are read."""
-    import shlex
 
     from tiny_llm.course import buildup
 
-    argv = shlex.split(command)[3:]
+    argv = python_argv(command) or []
     if "torch.distributed.run" in argv[:2]:
         argv = argv[2:]
         while argv and argv[0] != "-m" and not argv[0].endswith(".py"):

@@ -1,10 +1,10 @@
 """The build-up: the package as it stands at every step, proven to apply, import and pass.
 
-tiny_llm/course/buildup.py derives the state at each step from the finished package and the chapters'
-diff blocks. Here: each chapter's diffs take the state before it to the state after it; each
-state imports; the step's own tests pass on the state at that step (run on the state only where
-it differs from the finished package: otherwise the rest of the suite already ran them). Each
-chapter's console blocks run on its state in tests/test_chapters.py.
+tiny_llm/course/buildup.py derives the state at each step from the finished package and
+the chapters' diff blocks. Here: each chapter's diffs take the state before it to the state
+after it; each state imports; the step's own tests pass on the state at that step (run on
+the state only where it differs from the finished package: otherwise the rest of the suite
+already ran them). Each chapter's console blocks run on its state in tests/test_chapters.py.
 """
 
 import ast

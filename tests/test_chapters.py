@@ -5,7 +5,6 @@ See tests/chapters.py for the rules and steps/README.md for how to write a check
 
 import os
 import re
-import shlex
 
 import pytest
 from chapters import (
@@ -19,6 +18,7 @@ from chapters import (
     line_matches,
     missing_piece,
     output_matches,
+    python_argv,
     run_python,
     same_at_head,
     source_blocks,
@@ -44,11 +44,12 @@ def test_source_block_appears_in_its_file(block):
 
 def run_command(command, work, data_dir, warm_python=None):
     """Run a chapter command the way a learner would, in the folder `work`; return stdout."""
-    argv = shlex.split(command)
-    if argv[:3] != ["uv", "run", "python"]:
-        pytest.fail(f"chapter commands start with `uv run python`, got: {command}")
+    argv = python_argv(command)
+    if argv is None:
+        pytest.fail(f"chapter commands start with `uv run python` or `uv run workalong`, got: "
+                    f"{command}")
     env = {**os.environ, "TINY_LLM_DATA_DIR": str(data_dir), "PYTHONHASHSEED": "0"}
-    proc = run_python(argv[3:], work, env, timeout=300, warm=warm_python)
+    proc = run_python(argv, work, env, timeout=300, warm=warm_python)
     assert proc.returncode == 0, f"`{command}` exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return proc.stdout
 

@@ -19,7 +19,9 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 
 ENTRY = re.compile(r"^### (.+)\n\*Step \[(\d\d)\]\(([^)\s]+)\)\.\*", re.M)
 HEADING = re.compile(r"^(.+?)(?: \((.+)\))?$")  # "KV cache (key/value cache)": name, other name
-COMMAND = re.compile(r"python -m tiny_llm\.(\w+)([^`\n]*)")  # up to the end of a code span
+# `python -m tiny_llm.X [command] ...` up to the end of a code span; `instruct train` and
+# `instruct write` are step 17's commands, with flags of their own
+COMMAND = re.compile(r"python -m tiny_llm\.(\w+(?: (?:train|write)\b)?)([^`\n]*)")
 FLAG = re.compile(r"(?<!\S)(--[a-z][\w-]*)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -76,12 +78,13 @@ def shown_commands(page):
 @functools.cache
 def help_text(module):
     """What `python -m tiny_llm.<module> --help` prints, run in this process."""
+    module, *command = module.split()
     source = (ROOT / "tiny_llm" / f"{module}.py").read_text()
     if "parse_args(" not in source:
         return ""  # a module without argparse takes no flags (and --help would run its check)
     out = io.StringIO()
     argv = sys.argv
-    sys.argv = [f"tiny_llm/{module}.py", "--help"]
+    sys.argv = [f"tiny_llm/{module}.py", *command, "--help"]
     try:
         with contextlib.redirect_stdout(out), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # runpy: the module may already be imported
@@ -101,7 +104,8 @@ def test_the_pages_show_commands():
 
 @pytest.mark.parametrize("page, module, flags", COMMANDS, ids=lambda v: str(v))
 def test_a_shown_command_names_a_real_module_and_real_flags(page, module, flags):
-    assert (ROOT / "tiny_llm" / f"{module}.py").is_file(), f"{page}: no module tiny_llm.{module}"
+    file = ROOT / "tiny_llm" / f"{module.split()[0]}.py"
+    assert file.is_file(), f"{page}: no module tiny_llm.{module}"
     if not flags:
         return  # nothing to look up (and some checks, like step 16's, start processes at once)
     known = set(FLAG.findall(help_text(module)))

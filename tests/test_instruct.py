@@ -1,4 +1,3 @@
-import sys
 from dataclasses import replace
 
 import pytest
@@ -10,22 +9,22 @@ from tiny_llm.data import load_token_array
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.instruct import (
     FEATURES,
+    RequestConfig,
+    RequestHooks,
     RequestRows,
     add_lora,
-    derive_request,
     instruct_records,
     merged,
     parse_record,
     render_request,
     request_row,
     request_rows,
-    score_story,
     takes_requests,
     trainable,
-    uses_word,
 )
+from tiny_llm.scoring import derive_request, score_story, uses_word
 from tiny_llm.tokenize import EOT, load_tokenizer
-from tiny_llm.train import TrainConfig, train
+from tiny_llm.train import train
 
 STORY = ('Tom saw a big dog in the park. "Can I play?" he asked. The dog wagged its tail.\n'
          'They ran to the pond and played until the sun went down.')
@@ -33,8 +32,9 @@ STORY = ('Tom saw a big dog in the park. "Can I play?" he asked. The dog wagged 
 
 def tiny(data_dir, out, **changes):
     """A few steps of the tiny preset: 4 rows of 64 tokens."""
-    cfg = TrainConfig(preset="tiny", max_steps=4, batch_size=4, warmup_steps=2, eval_interval=2,
-                      eval_iters=2, data_dir=str(data_dir), out=str(out), device="cpu")
+    cfg = RequestConfig(preset="tiny", max_steps=4, batch_size=4, warmup_steps=2,
+                        eval_interval=2, eval_iters=2, data_dir=str(data_dir), out=str(out),
+                        device="cpu")
     return replace(cfg, **changes)
 
 
@@ -107,10 +107,8 @@ def test_rows_start_at_a_record(sample_data_dir):
 
 
 def test_story_rows_and_request_rows_do_not_mix(sample_data_dir):
-    from tiny_llm.train import TrainConfig
-
     with pytest.raises(ValueError, match="rows each start at a request already: leave out"):
-        TrainConfig(requests="derived", story_starts=True, data_dir=str(sample_data_dir))
+        RequestConfig(requests="derived", story_starts=True, data_dir=str(sample_data_dir))
 
 
 def test_request_rows_give_a_rank_only_its_part_of_the_batch():
@@ -150,9 +148,11 @@ def test_lora_trains_only_adapters_and_its_merge_equals_the_adapted_forward():
 def test_fine_tuning_resumes_exactly(base, sample_data_dir, tmp_path, lora):
     settings = dict(init_from=str(base), requests="derived", lora_rank=lora, lr=1e-3,
                     optimizer="adamw" if lora else "muon")
-    whole = train(tiny(sample_data_dir, tmp_path / "whole", **settings))
-    train(tiny(sample_data_dir, tmp_path / "half", max_steps=2, **settings))
-    resumed = train(tiny(sample_data_dir, tmp_path / "half", resume=True, **settings))
+    hooks = RequestHooks()
+    whole = train(tiny(sample_data_dir, tmp_path / "whole", **settings), hooks=hooks)
+    train(tiny(sample_data_dir, tmp_path / "half", max_steps=2, **settings), hooks=hooks)
+    resumed = train(tiny(sample_data_dir, tmp_path / "half", resume=True, **settings),
+                    hooks=hooks)
     assert resumed["train_loss"] == whole["train_loss"]
     a, b = (load_checkpoint(tmp_path / run / "ckpt.pt") for run in ("whole", "half"))
     for key in a["model"]:
@@ -165,13 +165,12 @@ def test_fine_tuning_resumes_exactly(base, sample_data_dir, tmp_path, lora):
         assert frozen and all(torch.equal(a["adapters"][k], start[k]) for k in frozen)
 
 
-def test_generate_takes_a_request(base, sample_data_dir, monkeypatch, capsys):
-    from tiny_llm import generate
-    monkeypatch.setattr(sys, "argv", [
-        "generate", "--checkpoint", str(base), "--data-dir", str(sample_data_dir), "--words",
+def test_instruct_write_takes_a_request(base, sample_data_dir, capsys):
+    from tiny_llm import instruct
+    instruct.main([
+        "write", "--checkpoint", str(base), "--data-dir", str(sample_data_dir), "--words",
         "dog,moon,brave", "--features", "Dialogue", "--sentence", "The moon was big.",
         "--max-new-tokens", "5", "--device", "cpu"])
-    generate.main()
     out = capsys.readouterr().out
     prompt = render_request(("dog", "moon", "brave"), ("Dialogue",), "The moon was big.")
     assert repr(prompt) in out and prompt in out
@@ -181,3 +180,27 @@ def test_solutions(sample_data_dir):
     assert ex17_instruct.exercise_1_summary_rows(sample_data_dir) == (True, True)
     assert ex17_instruct.exercise_2_lora_count() == ex17_instruct.lora_count_by_formula()
     assert 0 < ex17_instruct.exercise_3_cut_share(sample_data_dir) < 0.5
+
+
+def test_a_fine_tuning_run_resumes_only_through_its_own_command(base, sample_data_dir, tmp_path,
+                                                                monkeypatch):
+    """Step 10's command does not know step 17's settings: it names the command that does."""
+    from tiny_llm import instruct
+    from tiny_llm import train as train_module
+
+    out = tmp_path / "ft"
+    train(tiny(sample_data_dir, out, init_from=str(base), requests="derived", max_steps=2),
+          hooks=RequestHooks())
+    assert load_checkpoint(out / "ckpt.pt")["command"] == "tiny_llm.instruct train"
+    monkeypatch.setattr("sys.argv", ["train", "--resume", "--out", str(out), "--max-steps", "3",
+                                     "--sample-tokens", "0"])
+    with pytest.raises(SystemExit, match=r"is a run of `tiny_llm.instruct train`.*continue it "
+                                         r"with .*uv run python -m tiny_llm.instruct train "
+                                         r"--resume"):
+        train_module.main()
+    instruct.main(["train", "--resume", "--out", str(out), "--max-steps", "3",
+                   "--sample-tokens", "0"])
+    assert load_checkpoint(out / "ckpt.pt")["step"] == 3
+    with pytest.raises(SystemExit):  # step 10's parser has no step-17 flags
+        monkeypatch.setattr("sys.argv", ["train", "--requests", "derived"])
+        train_module.parse_args()

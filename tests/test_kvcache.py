@@ -184,10 +184,12 @@ def test_the_embedding_refuses_positions_past_its_table_after_a_cache():
         Embed(4096, 128, 64)(torch.zeros(1, 1, dtype=torch.long), start=64)  # after 64 cached
 
 
-def test_the_generate_command_writes_through_the_cache():
-    """stream_sample (what `tiny_llm.generate` prints) reads the prompt once, then one token a
-    step, and writes what step 09's uncached generate writes with the same seed."""
+def test_stream_sample_handed_a_cache_reads_each_token_once():
+    """stream_sample (what the commands print) handed step 12's cache, as the studio and
+    `instruct write` hand it, reads the prompt once, then one token a step, and writes what step
+    09's uncached generate writes with the same seed."""
     from tiny_llm.generate import stream_sample
+    from tiny_llm.kvcache import fresh_cache
 
     class Chars:  # a tokenizer of single characters: id = byte value
         def encode(self, text):
@@ -202,7 +204,7 @@ def test_the_generate_command_writes_through_the_cache():
     model, widths = model_for(3), []
     hook = model.embed.register_forward_hook(lambda m, i, o: widths.append(i[0].shape[1]))
     ids = stream_sample(model, Chars(), "abc", 10, lambda _: None, torch.Generator().manual_seed(5),
-                        temperature=1.0, top_k=20)
+                        cache=fresh_cache(model), temperature=1.0, top_k=20)
     hook.remove()
     new = len(ids) - 3
     assert new >= 1 and widths == [3] + [1] * (new - 1)  # the prompt, then one token a step

@@ -474,10 +474,13 @@ def test_resume_refuses_a_training_setting_it_does_not_know_and_fills_a_new_one(
                                          r"tiny-llm does not know"):
         resume_main(out, monkeypatch)
     # a LoRA run whose adapters were cut out of the file is refused by name, not a KeyError
-    out = saved_with(saved_run, tmp_path / "lora", lambda s: s["train_config"].update(lora_rank=8))
+    out = saved_with(saved_run, tmp_path / "lora", lambda s: s["train_config"].update(
+        lora_rank=8, init_from=None, requests=None, lora_alpha=16.0))
+    from tiny_llm import instruct
     with pytest.raises(SystemExit, match=r"was a LoRA run \(lora_rank 8\) but holds no "
                                          r"'adapters' to resume"):
-        resume_main(out, monkeypatch)
+        instruct.main(["train", "--resume", "--out", str(out), "--max-steps", "3",
+                       "--sample-tokens", "0"])
     # a setting added to TrainConfig after the run was saved takes its default
     out = saved_with(saved_run, tmp_path / "b", lambda s: s["train_config"].pop("cooldown"))
     resume_main(out, monkeypatch)

@@ -1,4 +1,4 @@
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -8,7 +8,13 @@ from solutions import ex18_reward
 from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from tiny_llm.data import load_token_array
 from tiny_llm.gpt import GPT, PRESETS, GPTConfig
-from tiny_llm.instruct import MixedRows, measure_line, request_rows, takes_requests
+from tiny_llm.instruct import (
+    MixedRows,
+    RequestConfig,
+    measure_line,
+    request_rows,
+    takes_requests,
+)
 from tiny_llm.reward import (
     RewardConfig,
     advantages,
@@ -20,7 +26,6 @@ from tiny_llm.reward import (
     train_reward,
 )
 from tiny_llm.tokenize import load_tokenizer, tokenizer_sha256
-from tiny_llm.train import TrainConfig
 
 REQUEST = {"words": ("dog", "moon"), "features": (), "sentence": None, "summary": None}
 
@@ -147,13 +152,8 @@ def test_solutions():
 # ----- step 17's additions for this step: requests from the first token, --measure -----
 
 
-@dataclass
-class SharedConfig(TrainConfig):  # until step 17's RequestConfig carries the field
-    request_share: float = 1.0
-
-
 def test_request_share_mixes_request_rows_and_plain_windows(sample_data_dir):
-    cfg = SharedConfig(preset="tiny", requests="derived", request_share=0.5,
+    cfg = RequestConfig(preset="tiny", requests="derived", request_share=0.5,
                        data_dir=str(sample_data_dir))
     train_data, valid_data = (load_token_array(sample_data_dir / f"{s}.bin")
                               for s in ("train", "valid"))
@@ -166,7 +166,9 @@ def test_request_share_mixes_request_rows_and_plain_windows(sample_data_dir):
     again = rows.get_batch(8, 64, generator=torch.Generator().manual_seed(0))
     assert torch.equal(again[0], x)  # the loop's generator draws them: resume draws the same
     with pytest.raises(ValueError, match="request-share is the share of rows"):
-        request_rows(replace(cfg, request_share=0.0), train_data, valid_data, 64)
+        replace(cfg, request_share=0.0)
+    with pytest.raises(ValueError, match="request-share is the share of rows"):
+        RequestConfig(request_share=0.5)  # no --requests to take them from
 
 
 def test_measure_line_says_what_the_story_did():

@@ -265,14 +265,13 @@ def explain_failed_save(ckpt_path, step, resume):
 
 
 def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
-             parallel=ONE_PROCESS, scaler=None):
+             parallel=ONE_PROCESS, scaler=None, saved=None):
     """Write log.jsonl, then ckpt.pt, each atomically. A run killed between the two leaves a
-    log ahead of the weights, which resume_run trims; the other order would lose records."""
+    log ahead of the weights, which resume_run trims; the other order would lose records.
+    `saved(model_state, cfg)` -> (weights to save, entries to add): a later step's say in what
+    is saved (step 17: LoRA's merged weights, and its adapters to resume from)."""
     model_state, optimizer_state = parallel.state_dicts(model, optimizer)  # every rank takes part
-    adapters = {}
-    if getattr(cfg, "lora_rank", 0):  # step 17: plain merged weights, and the adapters
-        from tiny_llm.instruct import merged
-        model_state, adapters = merged(model_state), {"adapters": model_state}
+    model_state, extra = saved(model_state, cfg) if saved else (model_state, {})
     if parallel.rank != 0:  # rank 0 alone writes
         return
     with atomic_path(ckpt_path.parent / "log.jsonl") as tmp:
@@ -288,7 +287,8 @@ def save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
         # position in the data; these counts say how much the run has read
         "data_position": {"batches": step * cfg.grad_accum, "tokens": records[-1]["tokens"]},
         "last_record": records[-1],  # this step's log record, should log.jsonl lose it
-        **adapters,  # step 17: what a LoRA run resumes from
+        "command": getattr(cfg, "command", "tiny_llm.train"),  # what --resume continues it with
+        **extra,  # a later step's own entries (step 17: the adapters a LoRA run resumes from)
     })
 
 
@@ -336,6 +336,12 @@ def resumed_config(path, config_class, given):
     saved = load_checkpoint(path, run=True)
     names = {f.name for f in fields(config_class)}
     if unknown := sorted(str(n) for n in saved["train_config"] if n not in names):
+        command = saved.get("command")
+        if isinstance(command, str) and command != getattr(config_class, "command", command):
+            raise ValueError(f"{path} is a run of `{command}` (its settings include "
+                             f"{', '.join(unknown)}): continue it with the command that "
+                             f"started it: uv run python -m {command} --resume --out "
+                             f"{path.parent}")
         raise ValueError(f"{path} has the training settings {', '.join(unknown)}, which this "
                          "tiny-llm does not know: it was made by another version of tiny-llm")
     try:

@@ -62,12 +62,13 @@ FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer", "muon_scale", "qk_
 
 def check_resume_settings(cfg, saved, path):
     """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds."""
+    fixed_names = FIXED_ON_RESUME + getattr(type(cfg), "fixed_on_resume", ())  # a later step's
     changed = [f"--{name.replace('_', '-')} {getattr(cfg, name)} (the run has {saved[name]})"
-               for name in FIXED_ON_RESUME if name in saved and getattr(cfg, name) != saved[name]]
+               for name in fixed_names if name in saved and getattr(cfg, name) != saved[name]]
     if changed:
         accepted = [f"--{f.name.replace('_', '-')}" for f in own_fields_first(cfg)
-                    if f.name not in (*FIXED_ON_RESUME, "resume")]
-        fixed = ", ".join("--" + n.replace("_", "-") for n in FIXED_ON_RESUME)
+                    if f.name not in (*fixed_names, "resume")]
+        fixed = ", ".join("--" + n.replace("_", "-") for n in fixed_names)
         raise ValueError(
             f"--resume cannot change what the run in {path} fixed: {', '.join(changed)}. "
             f"With --resume, leave out {fixed}; it "
@@ -85,7 +86,7 @@ def own_fields_first(config):
 def resume_command(cfg):
     """The command that continues this run: the checkpoint holds every setting but the folder."""
     out = cfg.out or str(RUNS_DIR / cfg.preset)
-    return f"uv run python -m tiny_llm.train --resume --out {shlex.quote(out)}"
+    return f"uv run python -m {cfg.command} --resume --out {shlex.quote(out)}"
 
 
 def parse_train_args(config_class):

@@ -146,14 +146,6 @@ def complete(model, tokenizer, prompt, max_new_tokens, generator=None, **samplin
     return tokenizer.decode(out[0].tolist())  # decode drops the EOT tokens
 
 
-def fresh_cache(model):
-    """An empty step-12 KVCache for `model`, on its device and in its dtype."""
-    from tiny_llm.kvcache import KVCache  # imported here: kvcache.py imports this module
-
-    weight = next(model.parameters())
-    return KVCache(model.config, batch_size=1, device=weight.device, dtype=weight.dtype)
-
-
 def printable(text):
     r"""`text` with control characters written as escapes, so that no prompt or sample can
     drive the terminal (move the cursor, clear the screen); newlines and tabs stay as they are.
@@ -162,10 +154,12 @@ def printable(text):
                    for c in text)
 
 
-def stream_sample(model, tokenizer, prompt, max_new_tokens, write, generator=None, **sampling):
+def stream_sample(model, tokenizer, prompt, max_new_tokens, write, generator=None, cache=None,
+                  **sampling):
     """complete(), written out while it is made: `write` receives the prompt, then each new
     piece of text as soon as its tokens decode to whole characters (printable). Returns the
-    ids. On Ctrl-C what was made is written before the KeyboardInterrupt goes on."""
+    ids. On Ctrl-C what was made is written before the KeyboardInterrupt goes on. A `cache`
+    (step 12) makes it read each token once."""
     eot_id = tokenizer.token_to_id(EOT)  # 0 in the course's tokenizers, 50256 in GPT-2's
     ids = tokenizer.encode(prompt).ids or [eot_id]
     device = next(model.parameters()).device
@@ -182,7 +176,7 @@ def stream_sample(model, tokenizer, prompt, max_new_tokens, write, generator=Non
         flush(whole=False)
         idx = torch.tensor([ids], device=device)
         for next_id, _ in sample_tokens(model, idx, max_new_tokens, generator=generator,
-                                        eot_id=None, cache=fresh_cache(model), **sampling):
+                                        eot_id=None, cache=cache, **sampling):
             ids.append(next_id.item())
             if ids[-1] == eot_id:  # <|endoftext|>: the story is over
                 break
@@ -193,13 +187,15 @@ def stream_sample(model, tokenizer, prompt, max_new_tokens, write, generator=Non
 
 
 def story_from_checkpoint(path, max_new_tokens=200, seed=1337, device="cpu", data_dir=DATA_DIR,
-                          prompt="Once upon a time"):
-    """The text `uv run python -m tiny_llm.generate --checkpoint path --seed seed` prints."""
+                          prompt="Once upon a time", new_cache=None):
+    """The text `uv run python -m tiny_llm.generate --checkpoint path --seed seed` prints;
+    `new_cache(model)` (step 12's fresh_cache) makes it read each token once."""
     model, _ = model_from_checkpoint(path, device, data_dir=data_dir)
     tokenizer = load_tokenizer(Path(data_dir) / "tokenizer.json")
     generator = torch.Generator(device=device).manual_seed(seed)
-    return complete(model, tokenizer, prompt, max_new_tokens, generator,
-                    cache=fresh_cache(model), **DEFAULTS)
+    cache = new_cache(model) if new_cache else None
+    return complete(model, tokenizer, prompt, max_new_tokens, generator, cache=cache,
+                    **DEFAULTS)
 
 
 def plot_sampling(path):
@@ -226,7 +222,21 @@ def plot_sampling(path):
     save_figure(fig, path, dpi=100)
 
 
-def parse_args():
+class WriteHooks:
+    """Where a later step changes this command without step 09 importing it (step 17)."""
+
+    def add_flags(self, parser):  # a later step's own flags
+        pass
+
+    def prompt(self, args):  # the text to write from
+        return args.prompt
+
+    def cache(self, model):  # step 09 reads the whole text for every token
+        return None
+
+
+def parse_args(argv=None, hooks=None):
+    hooks = hooks or WriteHooks()
     parser = argparse.ArgumentParser(description="Step 09: sample text from a GPT.")
     parser.add_argument("--checkpoint", default=None, help="a ckpt.pt from tiny_llm.train "
                         "(default: an untrained tiny model, to see what training has to fix)")
@@ -242,18 +252,10 @@ def parse_args():
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="where tokenizer.json is")
     parser.add_argument("--plot", type=Path, default=None, help="save the sampling picture here")
-    parser.add_argument("--words", default="", help="step 17: a request's words, dog,moon,brave")
-    parser.add_argument("--features", default="", help="step 17: Dialogue, Twist, ...")
-    parser.add_argument("--sentence", default=None, help="step 17: a sentence the story must hold")
-    args = parser.parse_args()
-    if args.words or args.features or args.sentence:  # step 17 (imported by these flags)
-        from tiny_llm.instruct import render_request
-        split = lambda text: tuple(w.strip() for w in text.split(",") if w.strip())  # noqa: E731
-        try:
-            args.prompt = render_request(split(args.words), split(args.features), args.sentence)
-        except ValueError as err:
-            parser.error(str(err))
+    hooks.add_flags(parser)
+    args = parser.parse_args(argv)
     try:
+        args.prompt = hooks.prompt(args)
         check_sampling(args.temperature, args.top_k or None, args.top_p)
         if args.max_new_tokens < 0 or args.num_samples < 1 or args.seed < 0:
             raise ValueError("--max-new-tokens and --seed must be >= 0 and --num-samples >= 1, "
@@ -305,8 +307,10 @@ def load_model(args, device, vocab_size):
     return model, f"untrained tiny GPT, {model.num_params():,} parameters (no --checkpoint)"
 
 
-def main():
-    args = parse_args()
+def main(argv=None, hooks=None):
+    """The generate command; a later step's command passes its own hooks (step 17)."""
+    hooks = hooks or WriteHooks()
+    args = parse_args(argv, hooks)
     if args.plot is not None:
         plot_sampling(args.plot)
         print(f"{'saved':<12} {args.plot}")
@@ -340,7 +344,8 @@ def main():
         print(f"{f'sample {i + 1}':<12} ", end="", flush=True)
         try:  # printed as it is made: a long sample shows at once, and Ctrl-C keeps it
             stream_sample(model, tokenizer, args.prompt, args.max_new_tokens,
-                          lambda text: print(text, end="", flush=True), generator, **sampling)
+                          lambda text: print(text, end="", flush=True), generator,
+                          hooks.cache(model), **sampling)
         except KeyboardInterrupt:
             print(flush=True)
             print(f"stopped by Ctrl-C: sample {i + 1} ends where it was", file=sys.stderr)

@@ -14,45 +14,54 @@ ignore index (-1), so the model learns to answer requests, not to invent them. E
 at a record's beginning, so the request is always in view. LoRA trains two small matrices beside
 each frozen projection, W + (alpha / r)·B·A, and merges them into W for saving.
 
+Step 17 plugs into the commands of steps 09 and 10 (their WriteHooks and TrainHooks), so they
+never import it; its own command runs them with requests:
+
 Run the check:  uv run python -m tiny_llm.instruct
-Fine-tune:      uv run python -m tiny_llm.train --init-from runs/cpu/ckpt.pt --requests derived \
-                    --time-budget 3m --lr 1e-3 --out runs/requests
+Fine-tune:      uv run python -m tiny_llm.instruct train --init-from runs/cpu/ckpt.pt \
+                    --requests derived --time-budget 3m --lr 1e-3 --out runs/requests
+Ask for one:    uv run python -m tiny_llm.instruct write --checkpoint runs/requests/ckpt.pt \
+                    --words dog,moon,brave
 """
 
 import argparse
 import itertools
-import random
-import re
+import os
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tiny_llm.data import file_stories, get_batch, hub_reachable, load_token_array, split_tail
+from tiny_llm.checkpoint import load_checkpoint, model_from_state
+from tiny_llm.data import (
+    ensure_data,
+    file_stories,
+    get_batch,
+    hub_reachable,
+    load_token_array,
+    split_tail,
+)
+from tiny_llm.generate import DEFAULTS, PROMPT, WriteHooks, complete
+from tiny_llm.generate import main as write_command
+from tiny_llm.gpt import GPT, PRESETS
+from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
+from tiny_llm.scale import main as ranks_command
+from tiny_llm.scoring import derive_request, score_story, uses_word
 from tiny_llm.tokenize import EOT, load_tokenizer
+from tiny_llm.train import TrainConfig, TrainHooks
+from tiny_llm.train import main as train_command
 
 FEATURES = ("Dialogue", "BadEnding", "MoralValue", "Twist", "Foreshadowing", "Conflict")
 FIELDS = {"Features": "features", "Words": "words", "Random sentence": "sentence",
           "Summary": "summary"}  # TinyStories-Instruct's field names -> render_request's
 REQUEST_ROOM = 48  # tokens kept for the request when a story is cut to fit behind it
 MAX_RECORDS = 50_000  # records read from a TinyStories-Instruct source (held in memory)
-STOPWORDS = set("""a an the and or but so if then than that this these those there here is are
-was were be been being am do does did done have has had having he she it they we you i me him
-her them us my your his its our their mine not no yes to of in on at by for with from up down
-out over under into onto off about after before again all any each every some many much more
-most very too also just only own same such can could will would shall should may might must
-said says say what when where which who whom whose why how one two three once upon time day
-lily tim tom ben sue sam anna max mia lucy jack bob sara mom dad mommy daddy named name""".split())
-COMMON_WORDS = ("dog", "cat", "ball", "tree", "park", "happy", "sad", "big", "jump", "play",
-                "friend", "toy", "sun", "bird", "house", "car", "red", "little", "find", "help",
-                "water", "flower", "box", "fish", "cake", "garden", "boat", "hat", "sing", "moon",
-                "brave", "scared", "run", "smile", "rain", "apple", "book", "door", "shiny",
-                "kind")  # the "free" requests draw three of these
-
-
 def render_request(words=(), features=(), sentence=None, summary=None):
     """The prompt for a request, exactly as training renders it, ending where the story begins.
     render_request(["dog", "moon"], ["Dialogue"])
@@ -90,63 +99,6 @@ def parse_record(text):
             request[key] = value
     request["features"] = tuple(f for f in request["features"] if f in FEATURES)
     return request, story.strip()
-
-
-def content_words(text):
-    """Lower-case words of 3+ letters that are not stop words or names, first occurrence order."""
-    seen = dict.fromkeys(w.lower() for w in re.findall(r"\b[A-Za-z]{3,}\b", text))
-    return [w for w in seen if w not in STOPWORDS]
-
-
-def sentences(text):
-    """Sentences of a story that end in . ! or ?, without quotes, 4 to 20 words long."""
-    found = re.findall(r"[A-Z][^.!?\"\n]*[.!?]", text)
-    return [s.strip() for s in found if 4 <= len(s.split()) <= 20]
-
-
-def derive_request(story, seed=0):
-    """A request read off a story: three of its content words, one of its sentences (half the
-    time) and Dialogue exactly when it has quoted speech. The same story and seed give the same
-    request, in any process (random.Random seeded by a string is deterministic)."""
-    rng = random.Random(f"{seed}:{story}")
-    words = content_words(story)
-    request = {"words": tuple(rng.sample(words, min(3, len(words)))),
-               "features": ("Dialogue",) if re.search(r"\"[^\"]+\"", story) else (),
-               "sentence": None, "summary": None}
-    if (found := sentences(story)) and rng.random() < 0.5:
-        request["sentence"] = rng.choice(found)
-    return request
-
-
-def free_request(index, seed=0):
-    """Request number `index` of the free set: three words from COMMON_WORDS, nothing else."""
-    rng = random.Random(f"free:{seed}:{index}")
-    return {"words": tuple(rng.sample(COMMON_WORDS, 3)), "features": (), "sentence": None,
-            "summary": None}
-
-
-def uses_word(story, word):
-    """Whether the story uses `word` or a regular inflection of it (dog: dogs; jump: jumps,
-    jumped, jumping; smile: smiled, smiling; run: running; happy: happier). Irregular forms
-    (run: ran) do not count. The rule is the one every figure of step 17 uses."""
-    w = word.lower()
-    forms = {w, w + "s", w + "es", w + "ed", w + "d", w + "ing", w + "er", w + "est"}
-    forms |= {w + w[-1] + "ing", w + w[-1] + "ed", w + w[-1] + "er"}  # run -> running
-    if w.endswith("e"):
-        forms |= {w[:-1] + "ing"}  # smile -> smiling
-    if w.endswith("y"):
-        forms |= {w[:-1] + "ies", w[:-1] + "ied", w[:-1] + "ier", w[:-1] + "iest"}
-    return any(t in forms for t in re.findall(r"[a-z]+", story.lower()))
-
-
-def score_story(request, story):
-    """{"words": share of requested words used, "sentence": 1/0 or None (none asked),
-    "dialogue": 1 if quoted speech is present exactly when Dialogue was asked, else 0}."""
-    words = request["words"]
-    return {"words": sum(uses_word(story, w) for w in words) / len(words) if words else None,
-            "sentence": None if not request["sentence"] else float(request["sentence"] in story),
-            "dialogue": float(bool(re.search(r"\"[^\"]+\"", story))
-                              == ("Dialogue" in request["features"]))}
 
 
 def measure_line(request, story):
@@ -255,10 +207,6 @@ def request_rows(cfg, train_data, valid_data, seq_len):
     --requests derived reads requests off the prepared stories; anything else is a
     TinyStories-Instruct source (instruct_records). With a request_share below 1, the training
     rows are MixedRows and validation stays on plain windows (the base model's loss)."""
-    share = getattr(cfg, "request_share", 1.0)  # below 1: pretraining with requests mixed in
-    if not 0 < share <= 1:
-        raise ValueError(f"--request-share is the share of rows that carry a request, in (0, 1]"
-                         f", got {share}: 1 fine-tunes on requests alone, 0.5 pretrains on both")
     tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
     if cfg.requests == "derived":
         records = {split: derived_records(data, tokenizer, seq_len, cfg.seed)
@@ -266,8 +214,8 @@ def request_rows(cfg, train_data, valid_data, seq_len):
     else:
         records = instruct_records(cfg.requests, tokenizer)
     rows = tuple(rows_of(records[split], tokenizer, seq_len) for split in ("train", "valid"))
-    if share < 1:  # requests from the first token: plain windows beside them, plain validation
-        return MixedRows(rows[0], train_data, share), valid_data
+    if cfg.request_share < 1:  # requests from the first token: plain windows beside them
+        return MixedRows(rows[0], train_data, cfg.request_share), valid_data
     return rows
 
 
@@ -361,7 +309,6 @@ def measure(model, tokenizer, requests, max_new_tokens=200, seed=0, plain=False)
     """Write a story for each request and score it; returns the mean of each score_story field
     over the requests that ask for it, and the stories. plain=True prompts "Once upon a time"
     instead of the request (the base model's chance rate)."""
-    from tiny_llm.generate import DEFAULTS, PROMPT, complete, fresh_cache
     generator = torch.Generator().manual_seed(seed)
     cache = fresh_cache(model)
     scores, stories = [], []
@@ -376,14 +323,96 @@ def measure(model, tokenizer, requests, max_new_tokens=200, seed=0, plain=False)
     return {k: sum(v) / len(v) if v else None for k, v in means.items()}, stories
 
 
-def main():
-    parser = argparse.ArgumentParser(description="Step 17: requests, masked rows and LoRA.")
-    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
-    args = parser.parse_args()
-    from dataclasses import replace
+# ----- plugging into steps 09 and 10 -----
 
-    from tiny_llm.data import ensure_data
-    from tiny_llm.gpt import GPT, PRESETS
+
+@dataclass
+class RequestConfig(TrainConfig):
+    """Step 10's settings plus fine-tuning's: where it starts, its rows, its adapters."""
+
+    command: ClassVar[str] = "tiny_llm.instruct train"
+    fixed_on_resume: ClassVar[tuple] = ("init_from", "requests", "lora_rank", "lora_alpha")
+    init_from: str | None = None  # start from this checkpoint's weights
+    requests: str | None = None  # request rows: derived, or a TinyStories-Instruct source
+    lora_rank: int = 0  # > 0 trains LoRA adapters of this rank, the model frozen
+    lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
+    request_share: float = 1.0  # the share of rows with a request; below 1, plain windows too
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 < self.request_share <= 1 or self.request_share < 1 and not self.requests:
+            raise ValueError(f"--request-share is the share of rows that carry a request, in "
+                             f"(0, 1], with --requests: got {self.request_share}: 1 fine-tunes "
+                             "on requests alone, 0.5 pretrains on requests and plain stories")
+        if self.story_starts and self.requests:
+            raise ValueError("--requests rows each start at a request already: leave out "
+                             "--story-starts")
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0 or not self.lora_alpha > 0:
+            raise ValueError(f"need --lora-rank >= 0 (0: full fine-tuning) and --lora-alpha > 0, "
+                             f"got {self.lora_rank} and {self.lora_alpha}")
+
+
+class RequestHooks(TrainHooks):
+    """Step 10's loop, fine-tuning: from a trained model, with LoRA, on request rows."""
+
+    def new_model(self, cfg, meta):
+        if cfg.init_from:
+            return model_from_state(load_checkpoint(cfg.init_from, data_dir=cfg.data_dir))
+        return super().new_model(cfg, meta)
+
+    def adapt(self, model, cfg, ckpt):
+        if cfg.lora_rank:  # adapters train, the model is frozen
+            add_lora(model, cfg.lora_rank, cfg.lora_alpha, ckpt and ckpt["adapters"])
+        return model
+
+    def rows(self, cfg, train_data, valid_data, seq_len):
+        if cfg.requests:
+            return request_rows(cfg, train_data, valid_data, seq_len)
+        return train_data, valid_data
+
+    def saved(self, model_state, cfg):
+        if cfg.lora_rank:  # plain merged weights for every command, the adapters to resume
+            return merged(model_state), {"adapters": model_state}
+        return model_state, {}
+
+
+class RequestWriting(WriteHooks):
+    """Step 09's generate command with a request in place of the prompt, and step 12's cache."""
+
+    def add_flags(self, parser):
+        parser.add_argument("--words", default="", help="a request's words: dog,moon,brave")
+        parser.add_argument("--features", default="", help="Dialogue, Twist, ...")
+        parser.add_argument("--sentence", default=None, help="a sentence the story must hold")
+
+    def prompt(self, args):
+        if not (args.words or args.features or args.sentence):
+            return args.prompt
+        split = lambda text: tuple(w.strip() for w in text.split(",") if w.strip())  # noqa: E731
+        return render_request(split(args.words), split(args.features), args.sentence)
+
+    def cache(self, model):
+        return fresh_cache(model)
+
+
+def main(argv=None):
+    """`train ...`: fine-tune (under torchrun too); `write ...`: a story for a request; no
+    command: the step's check."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:
+        sys.argv = [f"{sys.argv[0]} train", *argv[1:]]  # step 10's parser reads sys.argv
+        if "WORLD_SIZE" in os.environ:  # torchrun ... -m tiny_llm.instruct train: step 16's
+            return ranks_command(RequestConfig, RequestHooks())
+        return train_command(RequestConfig, RequestHooks())
+    if argv[:1] == ["write"]:
+        return write_command(argv[1:], RequestWriting())
+    check(argv)
+
+
+def check(argv):
+    parser = argparse.ArgumentParser(description="Step 17: requests, masked rows and LoRA "
+                                     "(commands: train ..., write ...).")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    args = parser.parse_args(argv)
     ensure_data(args.data_dir)
     tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
     valid = load_token_array(args.data_dir / "valid.bin")

@@ -28,7 +28,7 @@ import torch
 
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.device import pick_device, seed_everything, synchronize
-from tiny_llm.generate import fresh_cache, generate
+from tiny_llm.generate import generate
 from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import load_tokenizer
@@ -66,6 +66,13 @@ class KVCache:
 
     def nbytes(self):
         return self.k.nbytes + self.v.nbytes
+
+
+def fresh_cache(model):
+    """An empty KVCache for `model`, on its device and in its dtype: what a command that writes
+    hands step 09's sampler (the studio, `instruct write`)."""
+    weight = next(model.parameters())
+    return KVCache(model.config, batch_size=1, device=weight.device, dtype=weight.dtype)
 
 
 def generate_cached(model, idx, max_new_tokens, **sampling):

@@ -32,15 +32,10 @@ from tiny_llm.data import ensure_data, load_token_array
 from tiny_llm.files import save_figure
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, GPTConfig
-from tiny_llm.instruct import (
-    derived_records,
-    free_request,
-    render_request,
-    request_row,
-    score_story,
-)
+from tiny_llm.instruct import derived_records, render_request, request_row
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
+from tiny_llm.scoring import free_request, score_story
 from tiny_llm.tokenize import EOT, load_tokenizer
 
 

@@ -118,7 +118,7 @@ def start(device_kind=None):
     return device
 
 
-def train_ranks(cfg, device, shard=False):
+def train_ranks(cfg, device, shard=False, hooks=None):
     """This rank's part of the run; rank 0 alone prepares data, prints and writes."""
     parallel = DataParallel(device, shard)
     if parallel.rank == 0:
@@ -131,7 +131,7 @@ def train_ranks(cfg, device, shard=False):
     if shard and cfg.optimizer == "muon":  # Muon orthogonalises whole matrices; a rank has 1/world
         print(f"{'optimizer':<12} adamw: FSDP2 shards the matrices that Muon needs whole")
         cfg = replace(cfg, optimizer="adamw")
-    return train(replace(cfg, device=str(device)), parallel)
+    return train(replace(cfg, device=str(device)), parallel, hooks)
 
 
 # --- the arithmetic of an all-reduce ------------------------------------------------------
@@ -289,7 +289,9 @@ def lost_a_rank(err):
 
 
 @record  # a failing rank's error goes into torchrun's summary
-def main():
+def main(config_class=TrainConfig, hooks=None):
+    """The command under torchrun: step 10's flags (a later step's config and hooks, if it
+    passes them: step 17's `instruct train`), on every rank."""
     if "WORLD_SIZE" not in os.environ:  # plain `python -m tiny_llm.scale`
         check()
         return
@@ -298,9 +300,9 @@ def main():
     args, rest = parser.parse_known_args()
     sys.argv = [sys.argv[0], *rest]  # the rest are step 10's flags
     with one_line_per_failure(os.environ.get("RANK", "?")):  # on error: the line, then exit
-        cfg, sample_tokens = parse_args()
+        cfg, sample_tokens = parse_args(config_class)
         device = start(cfg.device.split(":")[0] if cfg.device else None)
-        result = train_ranks(cfg, device, args.shard)
+        result = train_ranks(cfg, device, args.shard, hooks)
         print(f"{'saved':<12} {result['checkpoint']} (step {result['step']})")
         print(f"{'time':<12} {result['time_s']:.1f} s, "
               f"{result['tokens'] / max(result['time_s'], 1e-9):,.0f} tokens/s with evaluations")

@@ -39,8 +39,9 @@ from tokenizers import Tokenizer
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.device import pick_device
 from tiny_llm.evaluate import attention_maps
-from tiny_llm.generate import DEFAULTS, check_sampling, fresh_cache, next_token_probs, sample_tokens
+from tiny_llm.generate import DEFAULTS, check_sampling, next_token_probs, sample_tokens
 from tiny_llm.instruct import FEATURES, render_request, takes_requests
+from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.tokenize import EOT, tokenizer_path
 

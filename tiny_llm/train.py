@@ -15,6 +15,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from tqdm import tqdm
@@ -62,6 +63,8 @@ NO_SCALING = grad_scaler(torch.device("cpu"), "float32")  # a disabled scaler: e
 class TrainConfig(Tuning):  # step 15's fields (lr_embed, qk_norm ...) come from tuning.py
     """Everything that defines a run. It is saved in the checkpoint, so --resume reuses it."""
 
+    command: ClassVar[str] = "tiny_llm.train"  # the command that trains it (and resumes it)
+
     model: str = "gpt"  # which model: gpt (step 08) or modern (step 15)
     preset: str = "cpu"  # the model size, a name in that model's presets (step 08: tiny...gpu)
     dropout: float = 0.0  # the model's dropout; 0.1 helps a long run on a small corpus
@@ -87,13 +90,28 @@ class TrainConfig(Tuning):  # step 15's fields (lr_embed, qk_norm ...) come from
     compile: bool = False  # torch.compile the model: faster steps after a compile of a minute
     seed: int = 1337
     data_dir: str = str(DATA_DIR)
-    init_from: str | None = None  # step 17: start from this checkpoint's weights (fine-tuning)
-    requests: str | None = None  # step 17: request rows: derived, or TinyStories-Instruct
-    lora_rank: int = 0  # step 17: > 0 trains LoRA adapters of this rank, the model frozen
-    lora_alpha: float = 16.0  # step 17: the adapters' scale is lora_alpha / lora_rank
 
     def __post_init__(self):
         check_config(self)  # a clear error for a setting that cannot work (tiny_llm/flags.py)
+
+
+class TrainHooks:
+    """Where a later step changes a run without step 10 importing it (step 17 subclasses it).
+    Each method is step 10's own behaviour."""
+
+    def new_model(self, cfg, meta):  # a new run's model
+        cls = model_class(cfg.model)
+        return cls(replace(cls.presets[cfg.preset], vocab_size=meta["vocab_size"],
+                           dropout=cfg.dropout, **model_parts(cfg)))
+
+    def adapt(self, model, cfg, ckpt):  # the model before it is wrapped (ckpt: resumed, or None)
+        return model
+
+    def rows(self, cfg, train_data, valid_data, seq_len):  # what batches are drawn from
+        return train_data, valid_data
+
+    def saved(self, model_state, cfg):  # (the weights to save, entries to add)
+        return model_state, {}
 
 
 def lr_at(step, max_lr, min_lr, warmup_steps, decay_steps, cooldown=0.0):
@@ -146,9 +164,10 @@ def accumulate_gradients(model, data, cfg, device, generator, parallel=ONE_PROCE
     return parallel.mean(total.item())  # one wait for the device per update
 
 
-def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
+def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS, hooks=None):
     """The model, optimizer, gradient scaler, data generator, step, log records and cfg (with
     the step count a budget fixed): fresh, or from ckpt_path, read once."""
+    hooks = hooks or TrainHooks()
     ckpt = load_checkpoint(ckpt_path, data_dir=cfg.data_dir, run=True) if cfg.resume else None
     if ckpt is None and ckpt_path.exists():
         raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
@@ -156,17 +175,8 @@ def start_run(cfg, meta, device, ckpt_path, parallel=ONE_PROCESS):
     if ckpt:
         check_resume_settings(cfg, ckpt["train_config"], ckpt_path)
     seed_everything(cfg.seed)
-    if ckpt:
-        model = model_from_state(ckpt)  # the whole model, before step 16 shards it
-    elif cfg.init_from:  # step 17: fine-tune a trained model
-        model = model_from_state(load_checkpoint(cfg.init_from, data_dir=cfg.data_dir))
-    else:
-        cls = model_class(cfg.model)
-        model = cls(replace(cls.presets[cfg.preset], vocab_size=meta["vocab_size"],
-                            dropout=cfg.dropout, **model_parts(cfg)))
-    if cfg.lora_rank:  # step 17 (imported by its flag): adapters train, the model is frozen
-        from tiny_llm.instruct import add_lora
-        add_lora(model, cfg.lora_rank, cfg.lora_alpha, ckpt and ckpt["adapters"])
+    # the whole model, before step 16 shards it; a later step may change it (step 17: LoRA)
+    model = hooks.adapt(model_from_state(ckpt) if ckpt else hooks.new_model(cfg, meta), cfg, ckpt)
     model = parallel.wrap(model.to(device))  # then compile what DDP or FSDP2 made
     if cfg.compile:
         model.compile()  # in place: the state_dict keeps its names
@@ -258,17 +268,17 @@ def print_setup(cfg, meta, gpt, device, tokens_per_step, world_size):
           f"accumulated{ranks} = {tokens_per_step:,} tokens per step, dtype {cfg.dtype}")
 
 
-def train(cfg, parallel=ONE_PROCESS):
+def train(cfg, parallel=ONE_PROCESS, hooks=None):
     """Train (or, with cfg.resume, continue) a GPT; return the last log record plus a summary.
     Step 0's record holds the untrained losses; later ones the update's loss (val_loss at evals).
     The run holds a lock on its folder throughout: one run per folder, and a folder that cannot
     be written is found before any work (rank 0 alone writes, so it alone holds the lock)."""
     out = Path(cfg.out or RUNS_DIR / cfg.preset)
     with hold_run_folder(out) if parallel.rank == 0 else nullcontext():
-        return train_in_folder(cfg, parallel)
+        return train_in_folder(cfg, parallel, hooks or TrainHooks())
 
 
-def train_in_folder(cfg, parallel):
+def train_in_folder(cfg, parallel, hooks):
     """train(), once the run folder is ours: set up, then update until the end or a Ctrl-C."""
     data_dir = Path(cfg.data_dir)
     meta = load_meta(data_dir) if cfg.resume else ensure_data(data_dir)  # resume: never prepare
@@ -276,13 +286,11 @@ def train_in_folder(cfg, parallel):
     threads, why = pick_threads()
     fast_float32_matmuls(device)  # CUDA: TF32 tensor cores for float32 matmuls
     ckpt_path = Path(cfg.out or RUNS_DIR / cfg.preset) / "ckpt.pt"
-    model, optimizer, scaler, data_gen, step, records, cfg = start_run(cfg, meta, device,
-                                                                       ckpt_path, parallel)
+    model, optimizer, scaler, data_gen, step, records, cfg = start_run(
+        cfg, meta, device, ckpt_path, parallel, hooks)
     gpt = parallel.unwrap(model)
     train_data, valid_data = (load_token_array(data_dir / f"{s}.bin") for s in ("train", "valid"))
-    if cfg.requests:  # step 17 (imported by its flag): rows of a request and its story
-        from tiny_llm.instruct import request_rows
-        train_data, valid_data = request_rows(cfg, train_data, valid_data, gpt.config.max_seq_len)
+    train_data, valid_data = hooks.rows(cfg, train_data, valid_data, gpt.config.max_seq_len)
     train_data = story_rows(cfg, train_data, meta["eot_id"], gpt.config.max_seq_len)  # step 15
     tokens_per_step = cfg.batch_size * cfg.grad_accum * gpt.config.max_seq_len * parallel.world_size
     print_setup(cfg, meta, gpt, device, tokens_per_step, parallel.world_size)
@@ -323,7 +331,7 @@ def train_in_folder(cfg, parallel):
             if evaluate or stop.is_set():
                 with explain_failed_save(ckpt_path, step, resume_command(cfg)):
                     save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
-                             parallel, scaler)
+                             parallel, scaler, hooks.saved)
             if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
                 break
     bar.close()
@@ -351,15 +359,16 @@ def add_evaluation(record, model, valid_data, cfg, device):
     tqdm.write(eval_line(record), file=sys.stdout)
 
 
-def parse_args():
-    """(TrainConfig, story length) from the command line (tiny_llm/flags.py)."""
-    return parse_train_args(TrainConfig)
+def parse_args(config_class=TrainConfig):
+    """(config, story length) from the command line (tiny_llm/flags.py)."""
+    return parse_train_args(config_class)
 
 
-def main():
+def main(config_class=TrainConfig, hooks=None):
+    """The train command; a later step's command passes its own config and hooks (step 17)."""
     try:
-        cfg, sample_tokens = parse_args()
-        result = train(cfg)
+        cfg, sample_tokens = parse_args(config_class)
+        result = train(cfg, hooks=hooks)
         if result["interrupted"]:
             raise SystemExit(f"stopped by {result['interrupted']} at step {result['step']}, saved "
                              f"{result['checkpoint']}; continue with:\n  {resume_command(cfg)}")

@@ -71,9 +71,6 @@ def check_tuning(cfg):
         raise ValueError(f"{', '.join(changed)} change a part of ModernGPT (step 15): add "
                          "--model modern, or leave them out")
     replace(model_class(cfg.model).presets[cfg.preset], **model_parts(cfg))  # its own checks
-    if cfg.story_starts and cfg.requests:  # step 17's rows
-        raise ValueError("--requests rows each start at a request already: leave out "
-                         "--story-starts")
 
 
 class StoryRows:

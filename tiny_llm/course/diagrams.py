@@ -340,7 +340,8 @@ def cache_diagram(s):
     return fig
 
 
-# The chapter pictures that no step's own check draws: `uv run python -m tiny_llm.course.diagrams DIR`.
+# The chapter pictures that no step's own check draws:
+# `uv run python -m tiny_llm.course.diagrams DIR`.
 
 MERGES_PHRASE = "Once upon a time, there was a little dog."
 MERGES_SHOWN = (0, 15, 60, 150, 400, 1000)  # after how many merges a row shows the phrase
