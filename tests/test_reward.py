@@ -11,7 +11,6 @@ from tiny_llm.gpt import GPT, PRESETS, GPTConfig
 from tiny_llm.instruct import (
     MixedRows,
     RequestConfig,
-    measure_line,
     request_rows,
     takes_requests,
 )
@@ -25,6 +24,7 @@ from tiny_llm.reward import (
     toy_run,
     train_reward,
 )
+from tiny_llm.scoring import measure_line
 from tiny_llm.tokenize import load_tokenizer, tokenizer_sha256
 
 REQUEST = {"words": ("dog", "moon"), "features": (), "sentence": None, "summary": None}

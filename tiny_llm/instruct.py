@@ -52,7 +52,7 @@ from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.scale import main as ranks_command
-from tiny_llm.scoring import derive_request, score_story, uses_word
+from tiny_llm.scoring import derive_request, score_story
 from tiny_llm.tokenize import EOT, load_tokenizer
 from tiny_llm.train import TrainConfig, TrainHooks
 from tiny_llm.train import main as train_command
@@ -99,21 +99,6 @@ def parse_record(text):
             request[key] = value
     request["features"] = tuple(f for f in request["features"] if f in FEATURES)
     return request, story.strip()
-
-
-def measure_line(request, story):
-    """What --measure prints under a story: each score_story field the request asks for, and
-    the words it missed. 'measured     words 2/3 (missed brave), dialogue none, not asked'"""
-    words, scores = request["words"], score_story(request, story)
-    missed = [w for w in words if not uses_word(story, w)]
-    parts = [f"words {len(words) - len(missed)}/{len(words)}"
-             + (f" (missed {', '.join(missed)})" if missed else "")] if words else []
-    if scores["sentence"] is not None:
-        parts.append(f"sentence {'yes' if scores['sentence'] else 'no'}")
-    asked = "Dialogue" in request["features"]
-    quoted = scores["dialogue"] == asked  # the score is 1 when quotes come exactly when asked
-    parts.append(f"dialogue {'written' if quoted else 'none'}, {'' if asked else 'not '}asked")
-    return f"{'measured':<12} " + ", ".join(parts)
 
 
 def takes_requests(ckpt):
@@ -205,8 +190,7 @@ def instruct_records(source, tokenizer):
 def request_rows(cfg, train_data, valid_data, seq_len):
     """Step 10's loop calls this when --requests is set: RequestRows for train and valid.
     --requests derived reads requests off the prepared stories; anything else is a
-    TinyStories-Instruct source (instruct_records). With a request_share below 1, the training
-    rows are MixedRows and validation stays on plain windows (the base model's loss)."""
+    TinyStories-Instruct source (instruct_records). --request-share below 1: MixedRows."""
     tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
     if cfg.requests == "derived":
         records = {split: derived_records(data, tokenizer, seq_len, cfg.seed)
@@ -220,10 +204,8 @@ def request_rows(cfg, train_data, valid_data, seq_len):
 
 
 class MixedRows:
-    """Pretraining rows of which a share start with a request (--request-share): of B rows,
-    round(share·B) are RequestRows' (loss on the story only), the rest plain windows of the
-    token stream (data.get_batch), all drawn from the loop's generator, so a resumed run draws
-    the same rows."""
+    """Rows for pretraining with requests: of B rows, round(share·B) RequestRows (loss on the
+    story), the rest plain windows (data.get_batch), all from the loop's generator."""
 
     def __init__(self, request_rows, data, share):
         self.request_rows, self.data, self.share = request_rows, data, share

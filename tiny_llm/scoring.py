@@ -77,3 +77,18 @@ def score_story(request, story):
             "sentence": None if not request["sentence"] else float(request["sentence"] in story),
             "dialogue": float(bool(re.search(r"\"[^\"]+\"", story))
                               == ("Dialogue" in request["features"]))}
+
+
+def measure_line(request, story):
+    """What --measure prints under a story: each score_story field the request asks for, and
+    the words it missed. 'measured     words 2/3 (missed brave), dialogue none, not asked'"""
+    words, scores = request["words"], score_story(request, story)
+    missed = [w for w in words if not uses_word(story, w)]
+    parts = [f"words {len(words) - len(missed)}/{len(words)}"
+             + (f" (missed {', '.join(missed)})" if missed else "")] if words else []
+    if scores["sentence"] is not None:
+        parts.append(f"sentence {'yes' if scores['sentence'] else 'no'}")
+    asked = "Dialogue" in request["features"]
+    quoted = scores["dialogue"] == asked  # the score is 1 when quotes come exactly when asked
+    parts.append(f"dialogue {'written' if quoted else 'none'}, {'' if asked else 'not '}asked")
+    return f"{'measured':<12} " + ", ".join(parts)
