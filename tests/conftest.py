@@ -81,6 +81,8 @@ EXPECTED_SECONDS = [
     (CONSOLE + "16-scale-out.md:232", 30),  # a torchrun job and a one-process run
     (CONSOLE + "19-export.md", 20),
     (CONSOLE + "17-requests.md", 10),  # a tiny base, a fine-tuning and a story
+    (CONSOLE + "18-reward.md", 15),  # the check's toy runs; a base, a fine-tuning, 6 updates
+    ("tests/test_reward.py", 6),  # two toy runs, a resumed reward run
     ("tests/test_instruct.py", 8),
     (CONSOLE + "11-evaluate.md", 20),
     (CONSOLE + "16-scale-out.md", 15),
