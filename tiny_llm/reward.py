@@ -32,7 +32,7 @@ from tiny_llm.data import ensure_data, load_token_array
 from tiny_llm.files import save_figure
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, GPTConfig
-from tiny_llm.instruct import derived_records, render_request, request_row
+from tiny_llm.instruct import derived_records, render_request, request_row, takes_requests
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.scoring import free_request, score_story
@@ -185,6 +185,9 @@ def train_reward(cfg):
         cfg = replace(RewardConfig(**saved["reward"]["config"]), max_steps=cfg.max_steps or
                       saved["reward"]["config"]["max_steps"], resume=True)
     start = load_checkpoint(cfg.init_from, data_dir=cfg.data_dir)
+    if not takes_requests(start):
+        print(f"note: {cfg.init_from} was not trained on requests: GRPO starts from the stories "
+              "it writes zero-shot, which rarely use a requested word", file=sys.stderr)
     torch.manual_seed(cfg.seed)
     model, reference = model_from_state(saved or start), model_from_state(start).eval()
     reference.requires_grad_(False)
@@ -196,8 +199,9 @@ def train_reward(cfg):
         generator.set_state(saved["reward"]["generator"])
         records = saved["reward"]["records"]
     tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
-    records_of_stories = derived_records(
-        training_stories(cfg.data_dir), tokenizer, model.config.max_seq_len, cfg.seed)
+    ensure_data(Path(cfg.data_dir))  # the first million tokens (5,000 stories) ask enough
+    stories = load_token_array(Path(cfg.data_dir) / "train.bin")[:1_000_000]
+    records_of_stories = derived_records(stories, tokenizer, model.config.max_seq_len, cfg.seed)
     eot_id = tokenizer.token_to_id(EOT)
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)
     step, last_s = len(records), 0.0
@@ -217,13 +221,6 @@ def train_reward(cfg):
             save(ckpt_path, model, optimizer, generator, step, cfg, start, records)
     save(ckpt_path, model, optimizer, generator, step, cfg, start, records)
     return records
-
-
-def training_stories(data_dir, tokens=1_000_000):
-    """The first training stories (a million tokens: some 5,000 stories is plenty of requests,
-    and reading requests off all of TinyStories would take minutes)."""
-    ensure_data(Path(data_dir))
-    return load_token_array(Path(data_dir) / "train.bin")[:tokens]
 
 
 def toy_run(steps=30, kl_coef=0.05, seed=0):
@@ -254,9 +251,8 @@ def check():
         fields_ = ", ".join(f"{k} {v:.2f}" for k, v in score_story(request, story).items()
                             if v is not None)
         print(f"{'reward':<12} {reward(request, story):.3f} ({fields_})  {story!r}")
-    rewards = torch.tensor([[1.0, 0.75, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]])
-    print(f"{'advantages':<12} {[round(a, 3) for a in advantages(rewards)[0].tolist()]} and "
-          f"{advantages(rewards)[1].tolist()} (a group that agrees)")
+    a = advantages(torch.tensor([[1.0, 0.75, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]])).tolist()
+    print(f"{'advantages':<12} {[round(x, 3) for x in a[0]]} and {a[1]} (a group that agrees)")
     for kl_coef in (0.05, 1.0):  # a strong KL term holds the model where it started
         before, after, kl = toy_run(kl_coef=kl_coef)
         print(f"{'toy run':<12} kl_coef {kl_coef}: reward {before:.3f} -> {after:.3f} in 30 "
@@ -271,8 +267,7 @@ def plot_rewards(records, path):
     import matplotlib.pyplot as plt
 
     steps, rewards = [r["step"] for r in records], [r["reward"] for r in records]
-    smooth = [sum(rewards[max(0, i - 9): i + 1]) / len(rewards[max(0, i - 9): i + 1])
-              for i in range(len(rewards))]
+    smooth = [sum(rewards[max(0, i - 9): i + 1]) / min(i + 1, 10) for i in range(len(rewards))]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(steps, rewards, color="lightgrey", label="each update's stories")
     ax.plot(steps, smooth, color="tab:blue", label="mean of the last 10 updates")
