@@ -178,3 +178,14 @@ def test_measure_line_says_what_the_story_did():
         "measured     words 2/3 (missed brave), sentence yes, dialogue none, asked")
     assert measure_line(REQUEST, '"Hi," said the dog to the moon.') == (
         "measured     words 2/2, dialogue written, not asked")
+
+
+def test_write_measure_prints_what_the_story_did_and_its_reward(start, sample_data_dir, capsys):
+    main(["write", "--checkpoint", str(start), "--words", "dog,moon", "--max-new-tokens", "8",
+          "--measure", "--data-dir", str(sample_data_dir), "--device", "cpu"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("measured     words ") and out[-2].endswith("not asked")
+    assert out[-1].startswith("reward       ") and 0 <= float(out[-1].split()[1]) <= 1
+    with pytest.raises(SystemExit):
+        main(["write", "--checkpoint", str(start), "--measure"])
+    assert "--measure scores a story against its request" in capsys.readouterr().err

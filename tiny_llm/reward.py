@@ -15,6 +15,8 @@ keeps the model near where it started, so that it goes on writing stories.
 Run the check:  uv run python -m tiny_llm.reward
 Train:          uv run python -m tiny_llm.reward --init-from runs/requests/ckpt.pt \
                     --time-budget 5m --out runs/reward
+Measure one:    uv run python -m tiny_llm.reward write --checkpoint runs/reward/ckpt.pt \
+                    --words kite,beach,happy --measure
 """
 
 import argparse
@@ -31,11 +33,19 @@ from tiny_llm.checkpoint import class_path, load_checkpoint, model_from_state, s
 from tiny_llm.data import ensure_data, load_token_array
 from tiny_llm.files import save_figure
 from tiny_llm.generate import generate
+from tiny_llm.generate import main as write_command
 from tiny_llm.gpt import GPT, GPTConfig
-from tiny_llm.instruct import derived_records, render_request, request_row, takes_requests
+from tiny_llm.instruct import (
+    RequestWriting,
+    derived_records,
+    parse_record,
+    render_request,
+    request_row,
+    takes_requests,
+)
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
-from tiny_llm.scoring import free_request, score_story
+from tiny_llm.scoring import free_request, measure_line, score_story
 from tiny_llm.tokenize import EOT, load_tokenizer
 
 
@@ -278,6 +288,26 @@ def plot_rewards(records, path):
     return save_figure(fig, path, dpi=100)
 
 
+class RewardWriting(RequestWriting):
+    """Step 17's write command; with --measure, what the story did and its reward."""
+
+    def add_flags(self, parser):
+        super().add_flags(parser)
+        parser.add_argument("--measure", action="store_true", help="print the story's reward")
+
+    def prompt(self, args):
+        if args.measure and not (args.words or args.features or args.sentence):
+            raise ValueError("--measure scores a story against its request: give --words "
+                             "(and --features, --sentence)")
+        return super().prompt(args)
+
+    def written(self, args, story):
+        if args.measure:
+            request = parse_record(args.prompt + story)[0]  # the request, as rendered
+            print(measure_line(request, story))
+            print(f"{'reward':<12} {reward(request, story):.3f}")
+
+
 def parse_args(argv):
     """RewardConfig from the command line: every field is a flag (--time-budget 5m)."""
     parser = argparse.ArgumentParser(description="Step 18: GRPO on requests.")
@@ -301,6 +331,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         return check()
+    if argv[0] == "write":  # a story for a request, measured with --measure
+        return write_command(argv[1:], RewardWriting())
     if "--plot" in argv:  # --out RUN --plot PNG: draw the run's reward curve
         plot = argparse.ArgumentParser(description="Draw a reward run's curve.")
         plot.add_argument("--out", default=RewardConfig.out)
