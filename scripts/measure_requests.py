@@ -19,7 +19,7 @@ from tiny_llm.evaluate import bits_per_byte
 from tiny_llm.instruct import derived_records, measure
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.prepared import load_meta
-from tiny_llm.scoring import free_request
+from tiny_llm.request_data import free_request
 from tiny_llm.tokenize import load_tokenizer
 
 

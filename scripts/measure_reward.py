@@ -25,7 +25,7 @@ from tiny_llm.evaluate import bits_per_byte
 from tiny_llm.instruct import derived_records, measure
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.prepared import load_meta
-from tiny_llm.scoring import COMMON_WORDS, uses_word
+from tiny_llm.request_data import COMMON_WORDS, uses_word
 from tiny_llm.tokenize import load_tokenizer
 
 # Common words of children's stories that COMMON_WORDS does not hold, several of them rarer in

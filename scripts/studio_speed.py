@@ -21,7 +21,7 @@ import torch
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.generate import DEFAULTS, stream_sample
 from tiny_llm.paths import DATA_DIR
-from tiny_llm.studio import free_port
+from tiny_llm.studio import listening_socket
 from tiny_llm.tokenize import load_tokenizer
 
 PROMPT, SEED = "Once upon a time", 1337
@@ -63,7 +63,8 @@ def main():
         expected, first, rate = time_generate(model, tokenizer, args.max_new_tokens)
         print(f"generate  round {r}: {len(expected)} tokens, first after {first * 1000:.1f} ms, "
               f"then {rate:.0f} tokens/s")
-    port = free_port("127.0.0.1")
+    with listening_socket("127.0.0.1", 0) as free:  # a port nobody listens on now
+        port = free.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "tiny_llm.studio", "--port", str(port),
                                "--checkpoint", args.checkpoint, "--data-dir", str(args.data_dir)])
     client, url = httpx.Client(), f"http://127.0.0.1:{port}"  # made before any timing

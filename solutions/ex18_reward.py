@@ -5,8 +5,8 @@ Run them:  uv run python -m solutions.ex18_reward   (seconds, no data needed)
 
 import torch
 
+from tiny_llm.request_data import sentences
 from tiny_llm.reward import advantages, reward
-from tiny_llm.scoring import sentences
 
 
 def exercise_1_population_or_sample(group_size=2):

@@ -284,6 +284,7 @@ class WarmPython:
     """The test side of the server: `run(argv, cwd, env, timeout)` -> (exit status, out, err)."""
 
     def __init__(self, env):
+        env = {**env, **ON_THE_CPU}  # the server never touches a GPU, so its forks may not either
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         # unbuffered: readline takes one reply line and leaves the next for select to see
@@ -316,11 +317,20 @@ class WarmPython:
         self.proc.wait()
 
 
+# The chapters print what the code prints on a CPU, so the commands the tests run compute on the
+# CPU on every machine: TINY_LLM_DEVICE is what step 01's pick_device reads (it covers an MPS
+# Mac too), and an empty CUDA_VISIBLE_DEVICES hides any NVIDIA GPU from the rest (a rank's
+# backend, a checkpoint's generator states). The GPU paths have their own tests (test_gpu.py).
+ON_THE_CPU = {"TINY_LLM_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+
+
 def run_python(argv, cwd, env, timeout, warm=None):
-    """`python *argv` in the folder cwd, in a fork of `warm` (a WarmPython) or, when warm is None,
-    in a brand-new interpreter. Returns a subprocess.CompletedProcess with text stdout, stderr.
-    torchrun always starts fresh: its agent, forked from an interpreter that has torch's threads
-    running, hung (minutes at 0% CPU) where a fresh one finishes in seconds."""
+    """`python *argv` in the folder cwd, on the CPU (ON_THE_CPU), in a fork of `warm` (a
+    WarmPython) or, when warm is None, in a brand-new interpreter. Returns a
+    subprocess.CompletedProcess with text stdout, stderr. torchrun always starts fresh: its
+    agent, forked from an interpreter that has torch's threads running, hung (minutes at 0% CPU)
+    where a fresh one finishes in seconds."""
+    env = {**env, **ON_THE_CPU}
     if warm is None or "torch.distributed.run" in argv[:2]:
         return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout, check=False)

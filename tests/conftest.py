@@ -11,6 +11,10 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Tests compare digits that a CPU printed, so what they run picks the CPU on any machine (step
+# 01's pick_device reads this; commands get it too, with the GPU hidden: tests/chapters.py).
+# The GPU paths are tested where a GPU is found, by naming the device (tests/test_gpu.py).
+os.environ["TINY_LLM_DEVICE"] = "cpu"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -84,6 +88,7 @@ EXPECTED_SECONDS = [
     (CONSOLE + "18-reward.md", 15),  # the check's toy runs; a base, a fine-tuning, 6 updates
     ("tests/test_reward.py", 6),  # two toy runs, a resumed reward run
     ("tests/test_instruct.py", 8),
+    ("tests/test_notebook.py", 10),  # a Jupyter kernel: torch, 12 tiny steps, a story, a score
     (CONSOLE + "11-evaluate.md", 20),
     (CONSOLE + "16-scale-out.md", 15),
     ("tests/test_scale.py::test_two_ranks", 15),
@@ -99,6 +104,7 @@ EXPECTED_SECONDS = [
     (CONSOLE, 5),
     ("tests/test_smoke.py", 5),
     ("tests/test_studio_browser.py", 5),  # a headless Chromium and a server
+    ("tests/test_reliability_runs.py::test_resume_refuses_to_change_step_17s", 6),  # 2 fine-tunes
 ]
 
 

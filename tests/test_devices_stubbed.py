@@ -390,3 +390,59 @@ def test_the_gpu_preset_trains_with_a_gpu_recipe_and_flags_still_win(monkeypatch
     assert train_module.parse_args()[0].lr == 1e-3 and train_module.parse_args()[0].batch_size == 8
     monkeypatch.setattr("sys.argv", ["train", "--preset", "cpu"])
     assert train_module.parse_args()[0] == TrainConfig(preset="cpu")  # the CPU's: unchanged
+
+
+# More torchrun ranks than GPUs (chapter 16's two-rank command on a one-GPU machine)
+
+
+def one_gpu_under_torchrun(monkeypatch, local_rank):
+    """Pretend one H100 and a rank of a 2-rank torchrun job; touching the GPU or the process
+    group fails the test (the refusal must come before any work)."""
+    gpu(monkeypatch, "NVIDIA H100", (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_80", "sm_90"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("TINY_LLM_DEVICE", raising=False)
+    for name, value in (("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2"), ("RANK", str(local_rank)),
+                        ("LOCAL_RANK", str(local_rank))):
+        monkeypatch.setenv(name, value)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the refusal")
+
+    from tiny_llm import scale
+    monkeypatch.setattr(torch.cuda, "set_device", no_work)
+    monkeypatch.setattr(scale.dist, "init_process_group", no_work)
+    monkeypatch.setattr("sys.argv", ["scale", "--preset", "tiny", "--max-steps", "20"])
+    return scale
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # @record, under capsys
+def test_more_ranks_than_gpus_stop_with_one_line_naming_the_way_out(monkeypatch, capsys):
+    scale = one_gpu_under_torchrun(monkeypatch, local_rank=0)
+    with pytest.raises(SystemExit) as stop:
+        scale.main()
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err == ("rank 0: error: 2 ranks on this machine but 1 GPU: one rank per GPU. Start 1 "
+                   "with --nproc-per-node 1, or run the ranks on the CPU with gloo: --device cpu\n")
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # @record, under capsys
+def test_the_other_ranks_wait_to_be_stopped_quietly(monkeypatch, capsys):
+    scale = one_gpu_under_torchrun(monkeypatch, local_rank=1)
+    waited = []
+    monkeypatch.setattr(scale.time, "sleep", waited.append)
+    with pytest.raises(SystemExit) as stop:
+        scale.main()
+    assert stop.value.code == 1 and waited and capsys.readouterr().err == ""
+
+
+def test_as_many_ranks_as_gpus_go_ahead(monkeypatch):
+    scale = one_gpu_under_torchrun(monkeypatch, local_rank=0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    joined = []
+    monkeypatch.setattr(torch.cuda, "set_device", joined.append)
+    monkeypatch.setattr(scale.dist, "init_process_group",
+                        lambda backend, **kwargs: joined.append(backend))
+    assert scale.start() == torch.device("cuda", 0)
+    assert joined == [torch.device("cuda", 0), "nccl"]

@@ -1,5 +1,6 @@
 """The appendix: export to transformers and import from it, proven equal; all offline."""
 
+import json
 import os
 import sys
 
@@ -14,7 +15,7 @@ from tokenizers import Tokenizer  # noqa: E402
 
 from solutions import ex19_export  # noqa: E402
 from tiny_llm import generate as generate_module  # noqa: E402
-from tiny_llm.checkpoint import model_from_checkpoint, save_checkpoint  # noqa: E402
+from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint  # noqa: E402
 from tiny_llm.export import (  # noqa: E402
     LIMIT,
     atomic_folder,
@@ -26,6 +27,7 @@ from tiny_llm.export import (  # noqa: E402
 )
 from tiny_llm.generate import complete, generate  # noqa: E402
 from tiny_llm.gpt import GPT, GPTConfig  # noqa: E402
+from tiny_llm.instruct import render_request  # noqa: E402
 from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256  # noqa: E402
 
 
@@ -379,3 +381,69 @@ def test_generate_writes_with_an_imported_gpt2_whose_eot_is_50256(sample_data_di
     tokenizer = Tokenizer.from_file(str(tmp_path / "run" / "tokenizer.json"))
     assert complete(model, tokenizer, "", 10, temperature=0) == ""
     assert seen == [[50256]]  # an empty prompt starts after GPT-2's EOT; one step, then it ends
+
+
+# ----- issues 35 and 36: a model tuned on requests exports its request format -----
+
+
+@pytest.fixture(scope="module")
+def exported_tuned(sample_data_dir, tmp_path_factory):
+    """A scrambled small GPT saved as a fine-tuning on derived requests saves it, exported."""
+    folder = tmp_path_factory.mktemp("export_tuned")
+    save_gpt(folder / "ckpt.pt", sample_data_dir)
+    state = torch.load(folder / "ckpt.pt", weights_only=True)
+    save_checkpoint(folder / "ckpt.pt", {**state, "train_config": {"requests": "derived"}})
+    export(folder / "ckpt.pt", folder / "hf", data_dir=sample_data_dir)
+    return folder / "hf"
+
+
+REQUESTS = [
+    {"words": ["dog", "moon", "brave"]},
+    {"words": ["dog"], "features": ["Dialogue"]},
+    {"words": ["kite", "wind"], "features": ["Dialogue"], "sentence": "The kite flew\nhigh."},
+    {"words": [], "features": []},
+    {"sentence": "It was late."},
+]
+
+
+@pytest.mark.parametrize("request_", REQUESTS)
+def test_the_chat_template_renders_a_request_as_render_request_does(exported_tuned,
+                                                                    sample_data_dir, request_):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported_tuned)
+    messages = [{"role": "user", **request_}]
+    expected = render_request(request_.get("words", ()), request_.get("features", ()),
+                              request_.get("sentence"))
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == expected
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+    assert ids == load_tokenizer(sample_data_dir / "tokenizer.json").encode(expected).ids
+
+
+def test_a_chat_message_gives_the_words_and_unlearned_features_are_refused(exported_tuned):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported_tuned)
+    chat = [{"role": "user", "content": "dog, moon ,brave"}]
+    assert tokenizer.apply_chat_template(chat, tokenize=False) == render_request(
+        ["dog", "moon", "brave"])
+    with pytest.raises(Exception, match="not taught the feature Twist"):
+        tokenizer.apply_chat_template([{"role": "user", "features": ["Twist"]}], tokenize=False)
+    with pytest.raises(Exception, match="not taught a summary"):
+        tokenizer.apply_chat_template([{"role": "user", "summary": "A dog."}], tokenize=False)
+
+
+def test_a_chat_pipeline_writes_from_the_request(exported_tuned):
+    tell = transformers.pipeline("text-generation", model=str(exported_tuned), device="cpu")
+    out = tell([{"role": "user", "content": "dog, moon"}], do_sample=False, max_new_tokens=4)
+    assert out[0]["generated_text"][-1]["role"] == "assistant"
+
+
+def test_a_base_model_ships_no_chat_template(exported):
+    _, folder = exported
+    assert "chat_template" not in json.loads((folder / "tokenizer_config.json").read_text())
+
+
+def test_an_import_of_a_tuned_export_still_takes_its_requests(exported_tuned, tmp_path):
+    from tiny_llm.instruct import learned_requests, takes_requests
+
+    import_gpt2(str(exported_tuned), tmp_path / "back" / "ckpt.pt")
+    back = load_checkpoint(tmp_path / "back" / "ckpt.pt")
+    assert takes_requests(back)
+    assert learned_requests(back) == {"fields": ["words", "sentence"], "features": ["Dialogue"]}

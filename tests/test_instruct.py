@@ -22,7 +22,7 @@ from tiny_llm.instruct import (
     takes_requests,
     trainable,
 )
-from tiny_llm.scoring import derive_request, score_story, uses_word
+from tiny_llm.request_data import derive_request, score_story, uses_word
 from tiny_llm.tokenize import EOT, load_tokenizer
 from tiny_llm.train import train
 

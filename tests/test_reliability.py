@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 import torch
 
@@ -67,10 +68,11 @@ def dead_pid():
     return child.pid
 
 
-def save_small_checkpoint(path, data_dir, **extra):
+def save_small_checkpoint(path, data_dir, max_seq_len=8, **extra):
     """A 1-layer GPT checkpoint made with data_dir's tokenizer; returns the model."""
     vocab_size = load_meta(data_dir)["vocab_size"]
-    model = GPT(GPTConfig(vocab_size=vocab_size, max_seq_len=8, d_model=16, n_layers=1, n_heads=2))
+    model = GPT(GPTConfig(vocab_size=vocab_size, max_seq_len=max_seq_len, d_model=16, n_layers=1,
+                          n_heads=2))
     save_checkpoint(path, {"model": model.state_dict(), "config": asdict(model.config),
                            "step": 1, "data_source": "sample", "model_class": class_path(model),
                            "tokenizer_sha256": tokenizer_sha256(data_dir / "tokenizer.json"),
@@ -366,7 +368,13 @@ def edited_checkpoint(folder, tmp_path, edit):
     (lambda s: s.update(config=[1, 2]), r"its 'config' is list"),
     (lambda s: s.update(format=2), r"has checkpoint format 2; this tiny-llm reads format 1 and "
                                    r"older: it was made by another \(newer\) version"),
-], ids=["missing-field", "unknown-field", "field-type", "step-as-text", "config-a-list", "newer"])
+    (lambda s: s.update(format=1.0), r"has checkpoint format 1\.0, a float; tiny-llm writes a "
+                                     r"whole number from 1 .* edited by hand or damaged"),
+    (lambda s: s.update(format="1"), r"format '1', a str; .* set \"format\" back to 1"),
+    (lambda s: s.update(format=True), r"format True, a bool; .* edited by hand"),
+    (lambda s: s.update(format=0), r"format 0, a int; .* edited by hand"),
+], ids=["missing-field", "unknown-field", "field-type", "step-as-text", "config-a-list", "newer",
+        "format-float", "format-text", "format-bool", "format-zero"])
 def test_an_edited_checkpoint_is_refused_naming_what_is_wrong(folder, tmp_path, edit, says):
     path = edited_checkpoint(folder, tmp_path, edit)
     with pytest.raises(ValueError, match=says):
@@ -611,3 +619,134 @@ def test_a_bad_omp_num_threads_is_said_to_be_ignored(monkeypatch):
         assert f"OMP_NUM_THREADS='{value}' was ignored: it must be a whole number >= 1" in why
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert device.pick_threads()[1] == "OMP_NUM_THREADS"
+
+
+def test_a_run_folder_is_taken_where_a_checkpoint_is_asked(folder, tmp_path):
+    """--init-from runs/base, generate --checkpoint runs/base: the folder --out named."""
+    save_small_checkpoint(tmp_path / "base" / "ckpt.pt", folder)
+    model, ckpt = model_from_checkpoint(tmp_path / "base", data_dir=folder)
+    assert model.config.n_heads == 2 and ckpt["step"] == load_checkpoint(
+        tmp_path / "base" / "ckpt.pt")["step"]
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path)  # a folder without one is still no checkpoint
+
+
+# --- issue 36: request data (step 17) -------------------------------------------------------------
+
+
+def test_a_field_after_the_story_is_a_field_not_story_text():
+    from tiny_llm.instruct import parse_record
+
+    request, story = parse_record("Words: dog, sun\nStory:\nThe dog ran.\nIt was fun.\n"
+                                  "Summary: A dog runs.\n")
+    assert story == "The dog ran.\nIt was fun."
+    assert request["summary"] == "A dog runs." and request["words"] == ("dog", "sun")
+
+
+def instruct_file(path, stories):
+    path.write_text("".join(f"Words: dog\nStory:\n{s}\n{EOT}\n" for s in stories))
+    return str(path)
+
+
+def test_records_without_a_story_are_skipped_and_a_file_of_none_refused(prepared, tmp_path,
+                                                                        capsys):
+    from tiny_llm.instruct import instruct_records
+    from tiny_llm.tokenize import load_tokenizer
+
+    tokenizer = load_tokenizer(prepared / "tokenizer.json")
+    with pytest.raises(ValueError, match=r"4 records have nothing after 'Story:', and too few "
+                                         r"have a story.*every record needs its story"):
+        instruct_records(instruct_file(tmp_path / "empty.txt", [""] * 4), tokenizer)
+    records = instruct_records(instruct_file(tmp_path / "some.txt", ["", "A dog.", "", "A cat.",
+                                                                      "A sun."]), tokenizer)
+    assert sum(map(len, records.values())) == 3
+    assert "2 records have nothing after 'Story:': skipped" in capsys.readouterr().err
+
+
+def test_a_request_longer_than_the_context_is_named(prepared, tmp_path):
+    from tiny_llm.instruct import rows_of
+    from tiny_llm.tokenize import load_tokenizer
+
+    tokenizer = load_tokenizer(prepared / "tokenizer.json")
+    long = {"words": ("dog",), "features": (), "sentence": None, "summary": "dog " * 60}
+    short = {"words": ("dog",), "features": (), "sentence": None, "summary": None}
+    story = np.array(tokenizer.encode("The dog ran.").ids)
+    with pytest.raises(ValueError, match=r"request 2 is \d+ tokens and a row holds 48: no story "
+                                         r"would be trained behind it.*'Words: dog\\nSummary: dog"):
+        rows_of([(short, story), (long, story)], tokenizer, 48)
+
+
+@pytest.mark.parametrize("source, says", [
+    ("derivd", r"--requests 'derivd' is no file, and not one of derived or tinystories-instruct: "
+               r"did you mean --requests derived\?"),
+    ("tinystories_instruct", r"did you mean --requests tinystories-instruct\?"),
+    ("my-requests.txt", r"is no file, .*: pass a TinyStories-Instruct text file"),
+])
+def test_a_mistyped_requests_source_names_the_flag_it_belongs_to(prepared, source, says):
+    from tiny_llm.instruct import instruct_records
+    from tiny_llm.tokenize import load_tokenizer
+
+    with pytest.raises(FileNotFoundError, match=says) as refused:
+        instruct_records(source, load_tokenizer(prepared / "tokenizer.json"))
+    assert "--source" not in str(refused.value)
+
+
+# --- issue 36: generate and a request (step 17) ---------------------------------------------------
+
+
+def generate_main(monkeypatch, *flags):
+    """Step 17's `instruct write`: generate with a request."""
+    from tiny_llm import instruct
+
+    instruct.main(["write", "--max-new-tokens", "2", "--device", "cpu", *flags])
+
+
+def test_a_request_and_a_prompt_together_are_refused(folder, monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        generate_main(monkeypatch, "--data-dir", str(folder), "--prompt", "Once", "--words",
+                      "dog,moon")
+    assert "--prompt and a request (--words, --features, --sentence) both say what to write " \
+           "from: give one of them" in capsys.readouterr().err
+
+
+def test_a_request_to_a_model_never_tuned_says_it_is_zero_shot(folder, tmp_path, monkeypatch,
+                                                                capsys):
+    save_small_checkpoint(tmp_path / "base" / "ckpt.pt", folder, max_seq_len=64)
+    generate_main(monkeypatch, "--data-dir", str(folder), "--checkpoint",
+                  str(tmp_path / "base" / "ckpt.pt"), "--words", "dog")
+    out = capsys.readouterr()
+    assert ("was never fine-tuned on requests: it reads this one as plain text (zero-shot)"
+            in out.err)
+    assert "'Words: dog\\nStory:\\n'" in out.out
+
+
+def test_a_feature_the_model_was_not_taught_is_refused(folder, tmp_path, monkeypatch, capsys):
+    save_small_checkpoint(tmp_path / "tuned" / "ckpt.pt", folder, max_seq_len=64,
+                          train_config={"requests": "derived"})
+    flags = ["--data-dir", str(folder), "--checkpoint", str(tmp_path / "tuned" / "ckpt.pt")]
+    with pytest.raises(SystemExit, match=r"^error: .*ckpt.pt was never taught Twist: its requests "
+                                         r"held words, sentence and Dialogue; leave the rest out"):
+        generate_main(monkeypatch, *flags, "--words", "dog", "--features", "Twist")
+    generate_main(monkeypatch, *flags, "--words", "dog", "--features", "Dialogue")  # taught
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_a_request_longer_than_the_context_is_refused_not_echoed(folder, tmp_path, monkeypatch,
+                                                                 capsys):
+    save_small_checkpoint(tmp_path / "tuned" / "ckpt.pt", folder,
+                          train_config={"requests": "derived"})
+    with pytest.raises(SystemExit, match=r"^error: the request is [\d,]+ tokens and the model "
+                                         r"reads at most 8: shorten --sentence"):
+        generate_main(monkeypatch, "--data-dir", str(folder), "--checkpoint",
+                      str(tmp_path / "tuned" / "ckpt.pt"), "--words", "dog", "--sentence",
+                      "The dog ran. " * 8000)
+    out = capsys.readouterr()
+    assert len(out.out) + len(out.err) < 2000
+
+
+def test_an_edited_request_format_keeps_only_what_step_17_knows():
+    from tiny_llm.instruct import learned_requests
+
+    edited = {"requests": {"fields": ["words", "colour", {}], "features": "Dialogue"}}
+    assert learned_requests(edited) == {"fields": ["words"], "features": []}
+    assert learned_requests({"train_config": {"requests": None}}) is None

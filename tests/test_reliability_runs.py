@@ -7,11 +7,12 @@ a disk for real: failures are simulated with monkeypatch, on runs of a few tiny 
 
 import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ from tiny_llm.generate import complete, printable, stream_sample
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.processes import LOCK_NAME, FolderInUse, hold_run_folder
 from tiny_llm.scale import one_line_per_failure
-from tiny_llm.tokenize import load_tokenizer
+from tiny_llm.tokenize import EOT, load_tokenizer
 from tiny_llm.train import TrainConfig, train
 
 
@@ -532,3 +533,88 @@ def test_a_corpus_shorter_than_the_context_is_refused_naming_a_real_flag(tmp_pat
                                          r"\d+: prepare more stories .*--valid-stories.*--preset "
                                          r"tiny"):
         train(config(tmp_path / "d", tmp_path / "run"))
+
+
+# --- issue 36: step 17's settings are fixed on resume ---
+
+from tiny_llm.instruct import RequestConfig, RequestHooks  # noqa: E402
+from tiny_llm.instruct import main as instruct_main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tuned_runs(saved_run, sample_data_dir, tmp_path_factory):
+    """A LoRA fine-tuning (rank 2, alpha 4) and a full one of saved_run, 2 steps each."""
+    folder = tmp_path_factory.mktemp("tuned")
+    records = folder / "requests.txt"  # a few records: quicker than deriving from every story
+    records.write_text("".join(f"Words: dog, sun\nStory:\nThe dog saw the sun {i}.\n{EOT}\n"
+                               for i in range(8)))
+    base = dict(init_from=str(saved_run / "ckpt.pt"), requests=str(records), lr=1e-3)
+    tuned = lambda out, **more: RequestConfig(**{**asdict(config(sample_data_dir, out)),  # noqa: E731
+                                                 **base, **more})
+    train(tuned(folder / "lora", lora_rank=2, lora_alpha=4.0, optimizer="adamw"),
+          hooks=RequestHooks())
+    train(tuned(folder / "full"), hooks=RequestHooks())
+    return folder
+
+
+@pytest.mark.parametrize("run, flags, says", [
+    ("lora", ["--lora-alpha", "64"], r"--lora-alpha 64.0 \(the run has 4.0\)"),
+    ("lora", ["--lora-rank", "8"], r"--lora-rank 8 \(the run has 2\)"),
+    ("lora", ["--lora-rank", "0"], r"--lora-rank 0 \(the run has 2\)"),
+    ("full", ["--lora-rank", "4"], r"--lora-rank 4 \(the run has 0\)"),
+    ("full", ["--requests", "other.txt"], r"--requests other.txt \(the run has .*requests.txt\)"),
+    ("full", ["--init-from", "runs/x/ckpt.pt"], r"--init-from runs/x/ckpt.pt \(the run has "),
+])
+def test_resume_refuses_to_change_step_17s_settings_in_one_line(tuned_runs, monkeypatch, run,
+                                                                flags, says):
+    out = tuned_runs / run
+    before = (out / "ckpt.pt").read_bytes()
+    with pytest.raises(SystemExit, match=rf"^error: --resume cannot change what the run in .* "
+                                         rf"fixed: {says}.*leave out .*--lora-rank, --lora-alpha"):
+        instruct_main(["train", "--resume", "--out", str(out), "--max-steps", "3",
+                       "--sample-tokens", "0", *flags])
+    assert (out / "ckpt.pt").read_bytes() == before
+    saved = load_checkpoint(out / "ckpt.pt")["train_config"]
+    assert (saved["lora_rank"], saved["lora_alpha"]) == ((2, 4.0) if run == "lora" else (0, 16.0))
+
+
+def fine_tune_main(monkeypatch, *flags):
+    instruct_main(["train", "--max-steps", "1", "--batch-size", "2", "--eval-iters", "1",
+                   "--warmup-steps", "1", "--time-budget", "0", "--device", "cpu",
+                   "--sample-tokens", "0", *flags])
+
+
+def test_init_from_takes_a_run_folder_and_records_the_model_it_trains(saved_run, sample_data_dir,
+                                                                     tmp_path, monkeypatch,
+                                                                     capsys):
+    fine_tune_main(monkeypatch, "--init-from", str(saved_run), "--out", str(tmp_path / "ft"),
+                   "--data-dir", str(sample_data_dir), "--preset", "tiny")  # its own: taken
+    saved = load_checkpoint(tmp_path / "ft" / "ckpt.pt")["train_config"]
+    assert (saved["model"], saved["preset"]) == ("gpt", "tiny")  # the base's, not the default cpu
+    assert "model        tiny," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, shown", [
+    (["--preset", "gpu"], "--preset gpu (it has tiny)"),
+    (["--model", "modern", "--preset", "gpu"],
+     "--model modern (it has gpt), --preset gpu (it has tiny)"),
+    (["--model", "modern", "--qk-norm"],
+     "--model modern (it has gpt), --qk-norm True (it has False)"),
+])
+def test_init_from_refuses_flags_that_choose_another_model(saved_run, sample_data_dir, tmp_path,
+                                                           monkeypatch, flags, shown):
+    with pytest.raises(SystemExit, match=rf"^error: --init-from fine-tunes the model in .* as it "
+                                         rf"is: leave out {re.escape(shown)}$"):
+        fine_tune_main(monkeypatch, "--init-from", str(saved_run), "--out", str(tmp_path / "ft"),
+                       "--data-dir", str(sample_data_dir), *flags)
+    assert not (tmp_path / "ft").exists()
+
+
+def test_a_lora_rank_wider_than_the_model_is_refused_before_a_step(saved_run, sample_data_dir,
+                                                                 tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match=r"^error: --lora-rank 100000 is more than the narrowest "
+                                         r"matrix it adapts, 64 wide"):
+        fine_tune_main(monkeypatch, "--init-from", str(saved_run), "--out", str(tmp_path / "ft"),
+                       "--data-dir", str(sample_data_dir), "--lora-rank", "100000",
+                       "--optimizer", "adamw")
+    assert not (tmp_path / "ft" / "ckpt.pt").exists()

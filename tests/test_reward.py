@@ -14,6 +14,7 @@ from tiny_llm.instruct import (
     request_rows,
     takes_requests,
 )
+from tiny_llm.request_data import measure_line
 from tiny_llm.reward import (
     RewardConfig,
     advantages,
@@ -24,7 +25,6 @@ from tiny_llm.reward import (
     toy_run,
     train_reward,
 )
-from tiny_llm.scoring import measure_line
 from tiny_llm.tokenize import load_tokenizer, tokenizer_sha256
 
 REQUEST = {"words": ("dog", "moon"), "features": (), "sentence": None, "summary": None}

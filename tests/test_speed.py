@@ -1,11 +1,14 @@
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
 from solutions import ex13_speed
-from tiny_llm import speed
+from tiny_llm import speed, static_decode
+from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, PRESETS
+from tiny_llm.kvcache import generate_cached
 from tiny_llm.speed import (
     SETTINGS,
     Setting,
@@ -119,3 +122,63 @@ def test_solutions():
     assert ex13_speed.exercise_3_gpu_seconds() == pytest.approx(
         budget * 5989 * 9_437_184 / (0.4 * 989e12), rel=1e-9)
     assert ex13_speed.exercise_3_gpu_seconds(budget_s=540) == pytest.approx(0.0771, abs=1e-4)
+
+
+# Decoding with a static cache (the lever for a GPU): the same tokens as step 12, on the CPU
+
+
+def tiny_gpt(seed=0, vocab_size=300):
+    torch.manual_seed(seed)
+    return GPT(replace(TINY, vocab_size=vocab_size)).eval()
+
+
+def test_the_static_cache_writes_at_its_position_and_returns_every_slot():
+    cache = static_decode.StaticCache(TINY)
+    cache.position.fill_(3)
+    k = torch.ones(1, TINY.n_heads, 2, TINY.d_model // TINY.n_heads)
+    keys, _ = cache.append(0, k, k)
+    assert keys.shape[2] == TINY.max_seq_len  # every slot, always the same shape
+    assert keys[0, 0, :, 0].nonzero().flatten().tolist() == [3, 4]
+    cache.length = 5
+    cache.reset()
+    assert (cache.length, cache.position.item()) == (0, 0)
+
+
+def test_a_static_step_gives_the_models_logits_and_advances_on_the_device():
+    model = tiny_gpt()
+    cache = static_decode.StaticCache(model.config)
+    prompt, _ = static_decode.static_forward(model, torch.tensor([[1, 2, 3]]), cache)
+    logits, _ = static_decode.static_forward(model, torch.tensor([[5]]), cache)
+    with torch.no_grad():
+        expected, _ = model(torch.tensor([[1, 2, 3, 5]]))
+    assert (prompt - expected[:, :3]).abs().max() < 1e-5  # the prompt: causal within the mask
+    assert (logits[0, -1] - expected[0, -1]).abs().max() < 1e-5  # empty slots get no weight
+    assert (cache.length, cache.position.item()) == (4, 4)
+
+
+def test_decoding_through_the_static_cache_writes_step_12s_tokens():
+    model = tiny_gpt()
+    decoder = static_decode.GraphedDecoder(model)  # on the CPU: static_forward, without a graph
+    prompt = torch.tensor([[1, 2, 3]])
+    greedy = {"temperature": 0, "eot_id": None}
+    plain = generate(model, prompt, 100, **greedy)  # past max_seq_len 64: the window slides
+    assert torch.equal(generate(decoder, prompt, 100, cache=decoder.cache, **greedy), plain)
+    assert torch.equal(generate_cached(model, prompt, 100, **greedy), plain)
+    assert decoder.graph is None and not decoder.training
+
+
+def test_the_decode_check_compares_both_ways(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["speed", "--decode", "--preset", "tiny", "--device", "cpu"])
+    speed.main()
+    out = capsys.readouterr().out
+    assert "decode           untrained tiny GPT on cpu, 63 greedy tokens after one" in out
+    assert "tokens/s (no graph: CUDA only)" in out
+    assert out.rstrip().endswith("same tokens      True")
+
+
+def test_the_static_decode_step_refuses_another_model_class():
+    class Variant(GPT):  # as steps 14 and 15 make: parts static_forward does not know
+        pass
+
+    with pytest.raises(ValueError, match="written for step 08's GPT, not Variant"):
+        static_decode.GraphedDecoder(Variant(TINY))

@@ -13,7 +13,7 @@ from tiny_llm.checkpoint import save_checkpoint
 from tiny_llm.evaluate import attention_maps
 from tiny_llm.generate import generate, stream_sample
 from tiny_llm.gpt import GPT, GPTConfig
-from tiny_llm.instruct import FEATURES, render_request
+from tiny_llm.instruct import FEATURES, render_request, score_story
 from tiny_llm.modern import ModernConfig, ModernGPT
 from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256
 
@@ -45,6 +45,11 @@ def writers(tmp_path_factory, sample_data_dir):
     return [studio.load_writer(p, data_dir=sample_data_dir) for p in (gpt, modern)]
 
 
+def local(app):
+    """A test client that calls the studio as the page it served does: Host 127.0.0.1."""
+    return TestClient(app, base_url="http://127.0.0.1:8000")
+
+
 def stream(client, **body):
     """The JSON lines of one /api/generate call."""
     response = client.post("/api/generate", json=body)
@@ -53,7 +58,7 @@ def stream(client, **body):
 
 
 def test_streamed_tokens_are_the_generate_commands_tokens(writers):
-    client = TestClient(studio.create_app(writers))
+    client = local(studio.create_app(writers))
     for number, writer in enumerate(writers):
         lines = stream(client, writer=number, prompt="Once upon a time", max_new_tokens=40,
                        **SAMPLING)
@@ -74,7 +79,7 @@ def test_streamed_tokens_are_the_generate_commands_tokens(writers):
 
 
 def test_inspector_probabilities_are_the_models_softmax(writers):
-    client = TestClient(studio.create_app(writers))
+    client = local(studio.create_app(writers))
     lines = stream(client, prompt="The dog", max_new_tokens=6, temperature=1.0, top_k=3,
                    top_p=None, seed=1)
     ids = [t["id"] for t in lines[0]["prompt"]]
@@ -96,7 +101,7 @@ def test_inspector_probabilities_are_the_models_softmax(writers):
 
 
 def test_greedy_puts_everything_on_the_argmax(writers):
-    client = TestClient(studio.create_app(writers))
+    client = local(studio.create_app(writers))
     line = stream(client, prompt="The dog", max_new_tokens=1, temperature=0)[1]
     assert line["id"] == line["top"][0]["id"] and line["p_sampled"] == 1.0
 
@@ -106,7 +111,7 @@ def test_attention_weights_rebuild_each_layers_output(writers, number):
     """The inspector's weights, times each head's values, give what the layer really output."""
     model = writers[number].model
     ids = writers[number].tokenizer.encode("Once upon a time there was a dog").ids
-    client = TestClient(studio.create_app(writers))
+    client = local(studio.create_app(writers))
     response = client.post("/api/attention", json={"writer": number, "ids": ids})
     assert response.status_code == 200, response.text
     rows = torch.tensor(response.json()["layers"])  # (n_layers, n_heads, T)
@@ -134,7 +139,7 @@ def test_attention_weights_rebuild_each_layers_output(writers, number):
 
 
 def test_request_form_renders_through_the_requests_step(writers):
-    client = TestClient(studio.create_app(writers))
+    client = local(studio.create_app(writers))
     info = client.get("/api/info").json()
     assert [w["requests"] for w in info["writers"]] == [False, True]
     assert info["features"] == list(FEATURES)
@@ -142,8 +147,8 @@ def test_request_form_renders_through_the_requests_step(writers):
     lines = stream(client, writer=1, request=request, max_new_tokens=2, seed=3)
     expected = render_request(["dog", "moon"], [FEATURES[0]], "It was late.")
     assert [t["id"] for t in lines[0]["prompt"]] == writers[1].tokenizer.encode(expected).ids
-    refused = client.post("/api/generate", json={"writer": 0, "request": request})
-    assert refused.status_code == 400 and "not fine-tuned to take requests" in refused.text
+    zero_shot = stream(client, writer=0, request=request, max_new_tokens=2, seed=3)  # the base
+    assert [t["id"] for t in zero_shot[0]["prompt"]] == [t["id"] for t in lines[0]["prompt"]]
     bad = client.post("/api/generate", json={"writer": 1, "request": {"features": ["Rhyme"]}})
     assert bad.status_code == 400 and "unknown features ['Rhyme']" in bad.text
 
@@ -154,13 +159,14 @@ def test_request_form_renders_through_the_requests_step(writers):
     ({"max_new_tokens": 0}, 400, "from 1 to 1,000, got 0"),
     ({"temperature": -1}, 400, "temperature must be a number >= 0"),
     ({"top_p": 1.5}, 400, "top_p must be in (0, 1]"),
-    ({"seed": "x"}, 400, "seed must be an int >= 0, got 'x'"),
+    ({"seed": "x"}, 400,
+     "seed must be an int from 0 to 2**64 - 1 (what a generator holds), got 'x'"),
     ({"writer": 2}, 400, "no checkpoint number 2: this studio has 2"),
     ({"writer": "../../etc/passwd"}, 400, "no checkpoint number '../../etc/passwd'"),
     ({"checkpoint": "runs/other/ckpt.pt"}, 200, ""),  # a file name is not even read
 ])
 def test_caps_and_refusals_say_what_is_wrong(writers, body, status, message):
-    client = TestClient(studio.create_app(writers))
+    client = local(studio.create_app(writers))
     response = client.post("/api/generate", json={"max_new_tokens": 2, **body})
     assert response.status_code == status and message in response.text
     if status != 200:
@@ -169,7 +175,7 @@ def test_caps_and_refusals_say_what_is_wrong(writers, body, status, message):
 
 def test_concurrent_stories_are_capped_and_freed(writers):
     app = studio.create_app(writers, limits={"running": 1})
-    client = TestClient(app)
+    client = local(app)
     release = app.state.slots.take()  # a story being written elsewhere
     assert client.get("/api/info").json()["running"] == 1
     busy = client.post("/api/generate", json={"max_new_tokens": 2})
@@ -181,7 +187,7 @@ def test_concurrent_stories_are_capped_and_freed(writers):
 
 
 def test_the_page_loads_nothing_from_the_internet(writers):
-    page = TestClient(studio.create_app(writers)).get("/")
+    page = local(studio.create_app(writers)).get("/")
     assert page.status_code == 200 and "<script>" in page.text
     assert "http://" not in page.text and "https://" not in page.text
     assert "<link" not in page.text and "src=" not in page.text
@@ -206,18 +212,156 @@ def test_a_bad_checkpoint_is_refused_before_the_server_starts(tmp_path, sample_d
 
 
 def test_localhost_and_a_free_port_unless_asked(tmp_path, sample_data_dir, monkeypatch, capsys):
-    import uvicorn
-
     ckpt = tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir)
     started = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **_: started.update(
-        host=host, port=port))
+
+    def serve(app, sock):  # the socket is bound before the address is printed
+        started.update(host=sock.getsockname()[0], port=sock.getsockname()[1], app=app)
+        sock.close()
+    monkeypatch.setattr(studio, "serve", serve)
     studio.main(["--checkpoint", str(ckpt), "--data-dir", str(sample_data_dir)])
     out = capsys.readouterr()
     assert started["host"] == "127.0.0.1" and 1024 <= started["port"] <= 65535
     assert f"http://127.0.0.1:{started['port']}/" in out.out and "warning" not in out.err
+    port = started["port"]  # free a moment ago
     studio.main(["--checkpoint", str(ckpt), "--data-dir", str(sample_data_dir),
-                 "--host", "0.0.0.0", "--port", "8123"])
+                 "--host", "0.0.0.0", "--port", str(port)])
     out = capsys.readouterr()
-    assert started == {"host": "0.0.0.0", "port": 8123}
+    assert (started["host"], started["port"]) == ("0.0.0.0", port)
     assert "warning: --host 0.0.0.0 lets other machines" in out.err
+    other = TestClient(started["app"], base_url=f"http://192.168.1.9:{port}")  # its LAN address
+    assert other.get("/api/info").status_code == 200
+
+
+# ----- issue 36: nothing trusted (the studio's server) -----
+
+
+@pytest.mark.parametrize("host", ["evil.example.com", "evil.example.com:8000", "127.0.0.1.nip.io",
+                                  "localhost.evil.example.com:8000", ""])
+def test_a_foreign_host_is_refused_before_any_endpoint(writers, host):
+    client = local(studio.create_app(writers))
+    for method, path, body in (("get", "/api/info", None), ("get", "/", None),
+                               ("post", "/api/generate", {"max_new_tokens": 2})):
+        response = client.request(method.upper(), path, json=body, headers={"host": host})
+        assert response.status_code == 421, (host, path)
+        assert "answers to 127.0.0.1, localhost, [::1] only" in response.json()["error"]
+
+
+@pytest.mark.parametrize("host, names, allowed", [
+    ("127.0.0.1:8000", studio.served_names("127.0.0.1"), True),
+    ("LOCALHOST:8000", studio.served_names("127.0.0.1"), True),
+    ("[::1]:8000", studio.served_names("::1"), True),
+    ("192.168.1.9:8000", studio.served_names("192.168.1.9"), True),  # the --host given
+    ("192.168.1.9:8000", studio.served_names("127.0.0.1"), False),
+    ("10.0.0.5:8000", studio.served_names("0.0.0.0"), True),  # every address: any address
+    ("[fe80::1]:8000", studio.served_names("::"), True),
+    ("evil.example.com", studio.served_names("0.0.0.0"), False),  # a name never
+])
+def test_the_host_names_the_studio_answers_to(host, names, allowed):
+    assert studio.host_allowed(host, names) is allowed
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"temperature": 1e-300}, 400, "temperature 1e-300 is too small to divide by"),
+    ({"temperature": 1e-45}, 400, "temperature 1e-45 is too small"),
+    ({"top_p": 1e-300}, 400, "top_p 1e-300 is too small"),
+    ({"seed": 2**64}, 400, "seed must be an int from 0 to 2**64 - 1"),
+    ({"prompt": 5}, 400, "the prompt must be text, got int 5"),
+    ({"writer": 1, "request": {"words": [1, 2]}}, 400, "each of words must be text, got int 1"),
+    ({"writer": 1, "request": {"sentence": 5}}, 400, "sentence must be text, got int 5"),
+    ({"writer": 1, "request": {"words": "dog, moon"}}, 400,
+     "words must be a list, such as [\"dog\", \"moon\"], got str 'dog, moon'"),
+    ({"writer": 1, "request": "dog"}, 400, "request must be an object"),
+])
+def test_values_that_broke_the_stream_are_refused_before_it(writers, body, status, message):
+    client = local(studio.create_app(writers))
+    response = client.post("/api/generate", json={"max_new_tokens": 2, **body})
+    assert response.status_code == status and message in response.json()["error"], response.text
+
+
+def test_a_surrogate_sent_as_raw_json_is_refused_not_a_broken_stream(writers):
+    client = local(studio.create_app(writers))
+    raw = b'{"prompt": "Once \\ud800", "max_new_tokens": 2}'  # JSON may escape half a pair
+    response = client.post("/api/generate", content=raw,
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "half of a surrogate pair" in response.text
+
+
+def test_json_nested_deep_is_a_400_not_a_500(writers):
+    client = local(studio.create_app(writers))
+    response = client.post("/api/generate", content=b"[" * 30_000 + b"]" * 30_000,
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "a few levels deep at most" in response.text
+
+
+def test_only_json_starts_a_story(writers):
+    client = local(studio.create_app(writers))
+    for kind in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {"content-type": kind} if kind else {}
+        response = client.post("/api/generate", content=b'{"max_new_tokens": 2}', headers=headers)
+        assert response.status_code == 415 and "Content-Type: application/json" in response.text
+    assert client.get("/api/info").json()["running"] == 0
+
+
+def test_a_huge_body_is_refused_unread(writers, monkeypatch):
+    client = local(studio.create_app(writers))
+    huge = b'{"prompt": "' + b"x" * 5_000_000 + b'"}'
+    response = client.post("/api/generate", content=huge,
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "at most 65,536 bytes" in response.text
+
+    def chunks():  # no Content-Length: counted as it arrives, and cut at the cap
+        yield b'{"prompt": "'
+        for _ in range(100):
+            yield b"x" * 100_000
+    response = client.post("/api/generate", content=chunks(),
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 413
+
+
+def test_a_request_story_ends_with_its_scores_by_step_17s_rules(writers):
+    client = local(studio.create_app(writers))
+    request = {"words": ["dog", "the"], "features": ["Dialogue"], "sentence": None}
+    lines = stream(client, writer=1, request=request, max_new_tokens=30, seed=5)
+    story = writers[1].tokenizer.decode([t["id"] for t in lines[1:-1] if not t["eot"]])
+    expected = score_story({**request, "summary": None}, story)
+    assert lines[-1]["scores"] == expected
+    assert lines[-1]["reward"] == pytest.approx((expected["words"] + expected["dialogue"]) / 2)
+    plain = stream(client, writer=1, prompt="Once", max_new_tokens=2)
+    assert "scores" not in plain[-1]  # a prompt asks for nothing
+
+
+def test_a_checkpoint_offers_only_the_features_it_learned(writers, tmp_path, sample_data_dir):
+    derived = tiny_checkpoint(tmp_path / "derived" / "ckpt.pt", sample_data_dir, requests="derived")
+    writer = studio.load_writer(derived, data_dir=sample_data_dir)
+    client = local(studio.create_app([writers[0], writer]))
+    info = client.get("/api/info").json()["writers"]
+    assert info[0]["learned"] is None
+    assert info[1]["learned"] == {"fields": ["words", "sentence"], "features": ["Dialogue"]}
+    stream(client, writer=1, request={"words": ["dog"], "features": ["Dialogue"]},
+           max_new_tokens=2)
+    refused = client.post("/api/generate", json={"writer": 1, "request": {"features": ["Twist"]}})
+    assert refused.status_code == 400
+    assert "was never taught Twist: its requests held words, sentence and Dialogue" in refused.text
+
+
+def test_a_port_in_use_is_said_before_any_address_is_printed(tmp_path, sample_data_dir,
+                                                            monkeypatch, capsys):
+    import socket
+
+    ckpt = tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir)
+    monkeypatch.setattr(studio, "serve", lambda *a: pytest.fail("the server started"))
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(SystemExit, match=f"port {port} is in use .* choose another --port"):
+            studio.main(["--checkpoint", str(ckpt), "--data-dir", str(sample_data_dir),
+                         "--port", str(port)])
+    assert "http://" not in capsys.readouterr().out
+
+
+def test_a_run_folder_is_named_by_its_checkpoint(tmp_path, sample_data_dir):
+    tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir)
+    assert studio.load_writer(tmp_path / "run", data_dir=sample_data_dir).name == (
+        "run/ckpt.pt (step 5)")

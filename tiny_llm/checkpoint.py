@@ -122,6 +122,8 @@ def load_checkpoint(path, device="cpu", data_dir=None, run=False):
     with run=True, that it holds a run's training state, for --resume.
     """
     path = Path(path)
+    if path.is_dir() and (path / "ckpt.pt").is_file():  # a run folder, as --out names it
+        path = path / "ckpt.pt"
     if not path.is_file():
         raise FileNotFoundError(
             f"no checkpoint at {path}: train one with `uv run python -m tiny_llm.train`"
@@ -161,7 +163,12 @@ def check_parts(state, path):
     if version is None:
         print(f"note: {path} has no format version (it was written before tiny-llm numbered "
               "them): read, its parts checked one by one", file=sys.stderr)
-    elif isinstance(version, bool) or not isinstance(version, int) or version > FORMAT_VERSION:
+    elif isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"{path} has checkpoint format {version!r}, a {type(version).__name__}; "
+                         "tiny-llm writes a whole number from 1 (this one writes "
+                         f"{FORMAT_VERSION}): the file was edited by hand or damaged. If you "
+                         f"edited it, set \"format\" back to {FORMAT_VERSION}; else train again")
+    elif version > FORMAT_VERSION:
         raise ValueError(f"{path} has checkpoint format {version!r}; this tiny-llm reads format "
                          f"{FORMAT_VERSION} and older: it was made by another (newer) version of "
                          "tiny-llm, so update tiny-llm (git pull) or use the one that wrote it")

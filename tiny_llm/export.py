@@ -28,6 +28,7 @@ from tiny_llm.files import atomic_path, remove_stale_temporaries, temporary_name
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.paths import DATA_DIR
+from tiny_llm.request_data import chat_template, learned_requests
 from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256
 
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # real GPT-2 uses gelu_new
@@ -207,14 +208,17 @@ def atomic_folder(out):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save_tokenizer(tokenizer_file, folder, max_len):
+def save_tokenizer(tokenizer_file, folder, max_len, learned=None):
     """Our tokenizer.json for AutoTokenizer: the file, byte for byte (checkpoints record its
     sha256), and a config naming the class and <|endoftext|>, which ends and begins stories
-    and pads the short prompts of a batch, on the left: every prompt ends where writing starts."""
+    and pads the short prompts of a batch, on the left: every prompt ends where writing starts.
+    A model tuned on requests (`learned`: step 17's learned_requests) gets CHAT_TEMPLATE."""
     shutil.copyfile(tokenizer_file, Path(folder) / "tokenizer.json")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT,
               "unk_token": EOT, "pad_token": EOT, "padding_side": "left",
               "model_max_length": max_len}
+    if learned is not None:
+        config["chat_template"] = chat_template(learned)
     (Path(folder) / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -227,7 +231,9 @@ def generation_config(max_seq_len, eot_id=0):
 
 
 def export(checkpoint, out, data_dir=DATA_DIR):
-    """Write the checkpoint's model to the folder `out`; return (our model, the checkpoint)."""
+    """Write the checkpoint's model to the folder `out`; return (our model, the checkpoint).
+    A model fine-tuned on requests says what it learned in config.json ("tiny_llm_requests")
+    and gets a chat template that writes them."""
     check_replaceable(out)  # before any work: a folder export did not write is refused
     ckpt = load_checkpoint(checkpoint, data_dir=data_dir)  # also: the same tokenizer as data_dir
     kind = ckpt.get("model_class", MODELS["gpt"])  # older checkpoints all hold a GPT
@@ -247,11 +253,14 @@ def export(checkpoint, out, data_dir=DATA_DIR):
     if vocab != model.config.vocab_size:
         raise ValueError(f"the model has vocab_size {model.config.vocab_size:,}, {tokenizer_file} "
                          f"has {vocab:,} tokens: pass the model's data folder as --data-dir")
+    learned = learned_requests(ckpt)
     with atomic_folder(out) as tmp:
         hf = EXPORTS[kind](model.float())
         hf.generation_config = generation_config(model.config.max_seq_len)
+        if learned is not None:  # an import reads it back: the model still takes requests
+            hf.config.tiny_llm_requests = learned
         hf.save_pretrained(tmp)  # config.json, generation_config.json, model.safetensors
-        save_tokenizer(tokenizer_file, tmp, model.config.max_seq_len)
+        save_tokenizer(tokenizer_file, tmp, model.config.max_seq_len, learned)
     return model.eval(), ckpt
 
 
@@ -268,10 +277,12 @@ def import_gpt2(source, out):
     if found:
         with atomic_path(tokenizer_file) as tmp:
             shutil.copyfile(found, tmp)
+    learned = getattr(hf.config, "tiny_llm_requests", None)  # an export of a tuned model
     save_checkpoint(out, {
         "model": model.state_dict(), "config": asdict(model.config), "step": 0,
         "tokenizer_sha256": tokenizer_sha256(tokenizer_file) if found else "none",
-        "data_source": f"imported from {source}", "model_class": class_path(model)})
+        "data_source": f"imported from {source}", "model_class": class_path(model),
+        **({"requests": learned} if isinstance(learned, dict) else {})})
     return model, hf, tokenizer_file
 
 

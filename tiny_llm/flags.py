@@ -61,10 +61,13 @@ FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer", "muon_scale", "qk_
 
 
 def check_resume_settings(cfg, saved, path):
-    """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds."""
+    """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds
+    (a setting the config has no field for is the caller's to refuse: resumed_config does)."""
     fixed_names = FIXED_ON_RESUME + getattr(type(cfg), "fixed_on_resume", ())  # a later step's
-    changed = [f"--{name.replace('_', '-')} {getattr(cfg, name)} (the run has {saved[name]})"
-               for name in fixed_names if name in saved and getattr(cfg, name) != saved[name]]
+    shown = lambda value: "none" if value is None else value  # noqa: E731
+    changed = [f"--{name.replace('_', '-')} {shown(getattr(cfg, name))} (the run has "
+               f"{shown(saved[name])})" for name in fixed_names
+               if name in saved and hasattr(cfg, name) and getattr(cfg, name) != saved[name]]
     if changed:
         accepted = [f"--{f.name.replace('_', '-')}" for f in own_fields_first(cfg)
                     if f.name not in (*fixed_names, "resume")]
@@ -106,6 +109,8 @@ def parse_train_args(config_class):
     args = parser.parse_args()
     given = {f.name: getattr(args, f.name) for f in fields(config_class)
              if getattr(args, f.name) is not None}
+    if hasattr(config_class, "given_flags"):  # a later step's say (step 17: --init-from's model)
+        given = config_class.given_flags(given)
     defaults = config_class()  # a preset's recipe, then one model's own for it (step 15)
     key = (given.get("model", defaults.model), given.get("preset", defaults.preset))
     cfg = replace(defaults, **{**RECIPES.get(key[1], {}), **RECIPES.get(key, {}), **given})

@@ -32,6 +32,7 @@ from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_path
 
 DEFAULTS = {"temperature": 0.8, "top_k": 50, "top_p": None}  # the command line's sampling
 PROMPT = "Once upon a time"  # the command line's prompt when none is given or piped in
+SMALLEST = 1e-6  # the least temperature or top_p above 0 that float32 sampling can use
 
 
 def check_sampling(temperature, top_k, top_p):
@@ -40,10 +41,16 @@ def check_sampling(temperature, top_k, top_p):
         math.isfinite(temperature) and temperature >= 0
     ):
         raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+    if 0 < temperature < SMALLEST:  # the logits divided by it overflow float32: inf, then NaN
+        raise ValueError(f"temperature {temperature!r} is too small to divide by: use 0 "
+                         f"(greedy), or at least {SMALLEST}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive int (or None for no limit), got {top_k!r}")
     if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1] (or None for no limit), got {top_p!r}")
+    if top_p is not None and top_p < SMALLEST:  # compared in float32, it would round to 0
+        raise ValueError(f"top_p {top_p!r} is too small: use at least {SMALLEST} (that already "
+                         "keeps only the most likely token)")
 
 
 def top_k_filter(logits, top_k):
@@ -234,6 +241,9 @@ class WriteHooks:
     def cache(self, model):  # step 09 reads the whole text for every token
         return None
 
+    def check(self, args, ckpt, model, prompt_tokens):  # a ValueError refuses model or prompt
+        pass
+
     def written(self, args, story):  # the story just written, without its prompt (step 18)
         pass
 
@@ -301,13 +311,14 @@ def piped_in(stdin, wait_s):
 
 
 def load_model(args, device, vocab_size):
-    """The trained model from --checkpoint, or a seeded untrained tiny GPT; with a description."""
+    """The trained model from --checkpoint, or a seeded untrained tiny GPT; with a description
+    and the checkpoint it came from (None for the untrained one)."""
     if args.checkpoint is not None:
         model, ckpt = model_from_checkpoint(args.checkpoint, device, data_dir=args.data_dir)
-        return model, f"{args.checkpoint} (step {ckpt['step']:,})"
+        return model, f"{args.checkpoint} (step {ckpt['step']:,})", ckpt
     torch.manual_seed(args.seed)
     model = GPT(replace(PRESETS["tiny"], vocab_size=vocab_size)).to(device).eval()
-    return model, f"untrained tiny GPT, {model.num_params():,} parameters (no --checkpoint)"
+    return model, f"untrained tiny GPT, {model.num_params():,} parameters (no --checkpoint)", None
 
 
 def main(argv=None, hooks=None):
@@ -322,7 +333,8 @@ def main(argv=None, hooks=None):
     try:
         # any tokenizer.json: ours, or an imported GPT-2's, whose <|endoftext|> is id 50256
         tokenizer = Tokenizer.from_file(str(tokenizer_path(args.data_dir / "tokenizer.json")))
-        model, description = load_model(args, device, tokenizer.get_vocab_size())
+        model, description, ckpt = load_model(args, device, tokenizer.get_vocab_size())
+        hooks.check(args, ckpt, model, len(tokenizer.encode(args.prompt).ids))
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     ids = (tokenizer.encode(args.prompt).ids or [tokenizer.token_to_id(EOT)])

@@ -25,43 +25,42 @@ Ask for one:    uv run python -m tiny_llm.instruct write --checkpoint runs/reque
 """
 
 import argparse
-import itertools
 import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from tiny_llm.checkpoint import load_checkpoint, model_from_state
-from tiny_llm.data import (
-    ensure_data,
-    file_stories,
-    get_batch,
-    hub_reachable,
-    load_token_array,
-    split_tail,
-)
+from tiny_llm.data import ensure_data, load_token_array
 from tiny_llm.generate import DEFAULTS, PROMPT, WriteHooks, complete
 from tiny_llm.generate import main as write_command
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
+from tiny_llm.request_data import (  # noqa: F401 (FIELDS, parse_record: step 17's names too)
+    FEATURES,
+    FIELDS,
+    MixedRows,
+    check_request,
+    derived_records,
+    instruct_records,
+    learned_requests,
+    parse_record,
+    score_story,
+    takes_requests,
+)
 from tiny_llm.scale import main as ranks_command
-from tiny_llm.scoring import derive_request, score_story
 from tiny_llm.tokenize import EOT, load_tokenizer
 from tiny_llm.train import TrainConfig, TrainHooks
 from tiny_llm.train import main as train_command
+from tiny_llm.tuning import PARTS
 
-FEATURES = ("Dialogue", "BadEnding", "MoralValue", "Twist", "Foreshadowing", "Conflict")
-FIELDS = {"Features": "features", "Words": "words", "Random sentence": "sentence",
-          "Summary": "summary"}  # TinyStories-Instruct's field names -> render_request's
-REQUEST_ROOM = 48  # tokens kept for the request when a story is cut to fit behind it
-MAX_RECORDS = 50_000  # records read from a TinyStories-Instruct source (held in memory)
+
 def render_request(words=(), features=(), sentence=None, summary=None):
     """The prompt for a request, exactly as training renders it, ending where the story begins.
     render_request(["dog", "moon"], ["Dialogue"])
@@ -80,30 +79,6 @@ def render_request(words=(), features=(), sentence=None, summary=None):
     if summary:
         lines.append("Summary: " + summary)
     return "".join(line.replace("\n", " ") + "\n" for line in lines) + "Story:\n"
-
-
-def parse_record(text):
-    """A TinyStories-Instruct record (fields in any order, then "Story:") -> (request, story).
-    request is a dict of render_request's arguments; parse_record(render_request(**r) + s) == (r, s)
-    for a request r with all four fields (parse fills the absent ones with empty values)."""
-    request = {"words": (), "features": (), "sentence": None, "summary": None}
-    head, sep, story = text.partition("Story:")
-    if not sep:
-        raise ValueError(f"no 'Story:' in the record {text[:80]!r}...: is it TinyStories-Instruct?")
-    for line in head.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in FIELDS and value.strip():
-            key, value = FIELDS[name.strip()], value.strip()
-            if key in ("words", "features"):
-                value = tuple(v.strip() for v in value.split(",") if v.strip())
-            request[key] = value
-    request["features"] = tuple(f for f in request["features"] if f in FEATURES)
-    return request, story.strip()
-
-
-def takes_requests(ckpt):
-    """Whether a loaded checkpoint dict was fine-tuned on requests (train --requests)."""
-    return bool((ckpt.get("train_config") or {}).get("requests"))
 
 
 # ----- requests as training rows -----
@@ -142,51 +117,6 @@ class RequestRows:
         return self.x[i].to(device), self.y[i].to(device)
 
 
-def story_ids(tokens, eot_id=0):
-    """A token file's stories, int64 ids without their EOT: [5, 6, 0, 7, 0] -> [5 6], [7]."""
-    ends = np.flatnonzero(np.asarray(tokens) == eot_id)
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    return [np.asarray(tokens[s:e], dtype=np.int64) for s, e in zip(starts, ends, strict=True)
-            if e > s]
-
-
-def derived_records(tokens, tokenizer, seq_len, seed):
-    """(request, story ids) for each story of a token file, the request read off the part of
-    the story that fits behind it (the rest is cut, so asking for a word it never sees would
-    teach the model to ignore requests)."""
-    stories = story_ids(tokens)
-    fits = tokenizer.decode_batch([s[: seq_len - REQUEST_ROOM].tolist() for s in stories])
-    # the fitting part may end inside a word: read the request off whole words only
-    return [(derive_request(text.rsplit(" ", 1)[0], seed), ids)
-            for text, ids in zip(fits, stories, strict=True)]
-
-
-def instruct_records(source, tokenizer):
-    """{"train": [...], "valid": [...]} of (request, story ids) from TinyStories-Instruct:
-    "tinystories-instruct" (the Hub, through `datasets`) or the path of a local copy of its text
-    files (records between EOT lines; its last 5%, at most 1,000, held out). MAX_RECORDS at most."""
-    if source == "tinystories-instruct":
-        if not hub_reachable():
-            raise ConnectionError("cannot reach the Hugging Face Hub for TinyStories-Instruct: "
-                                  "use --requests derived, or a local copy of its text files")
-        import datasets
-        rows = datasets.load_dataset("roneneldan/TinyStoriesInstruct", split="train",
-                                     streaming=True)
-        lines = (row["text"] for row in rows)
-        texts = ("\n".join(run) for is_eot, run in
-                 itertools.groupby(lines, key=lambda t: t.strip() == EOT)
-                 if not is_eot)
-    else:
-        texts = file_stories(source)
-    records = {"train": [], "valid": []}
-    for i, (split, text) in enumerate(split_tail(texts, source)):
-        if i == MAX_RECORDS:
-            break
-        request, story = parse_record(text)
-        records[split].append((request, np.array(tokenizer.encode(story).ids)))
-    return records
-
-
 def request_rows(cfg, train_data, valid_data, seq_len):
     """Step 10's loop calls this when --requests is set: RequestRows for train and valid.
     --requests derived reads requests off the prepared stories; anything else is a
@@ -203,25 +133,15 @@ def request_rows(cfg, train_data, valid_data, seq_len):
     return rows
 
 
-class MixedRows:
-    """Rows for pretraining with requests: of B rows, round(share·B) RequestRows (loss on the
-    story), the rest plain windows (data.get_batch), all from the loop's generator."""
-
-    def __init__(self, request_rows, data, share):
-        self.request_rows, self.data, self.share = request_rows, data, share
-
-    def get_batch(self, batch_size, seq_len, device=None, generator=None, part=slice(None)):
-        """(x, y), each (B, seq_len) int64: the request rows first, then the windows."""
-        n = round(self.share * batch_size)
-        qx, qy = self.request_rows.get_batch(n, seq_len, generator=generator)
-        px, py = get_batch(self.data, batch_size - n, seq_len, generator=generator)
-        return torch.cat([qx, px])[part].to(device), torch.cat([qy, py])[part].to(device)
-
-
 def rows_of(records, tokenizer, seq_len):
     """RequestRows from (request, story ids) records; requests are rendered and tokenized apart
     from their stories, as generate renders them."""
     requests = tokenizer.encode_batch([render_request(**r) for r, _ in records])
+    for number, (q, (request, _)) in enumerate(zip(requests, records, strict=True), start=1):
+        if len(q.ids) >= seq_len:  # not one story token would be in the row
+            raise ValueError(f"request {number} is {len(q.ids)} tokens and a row holds {seq_len}: "
+                             f"no story would be trained behind it. Shorten it (its summary?) "
+                             f"or remove it: {render_request(**request)[:120]!r}")
     eot_id = tokenizer.token_to_id(EOT)
     pairs = [request_row(q.ids, s, eot_id, seq_len) for q, (_, s) in zip(requests, records,
                                                                          strict=True)]
@@ -256,8 +176,14 @@ def add_lora(model, rank, alpha, state=None):
     unmerged weights and adapters, is loaded into the result. Returns the model."""
     if not isinstance(rank, int) or rank < 1 or not alpha > 0:
         raise ValueError(f"LoRA needs --lora-rank >= 1 and --lora-alpha > 0, got {rank}, {alpha}")
-    model.requires_grad_(False)
     heads = {id(m) for m in model.children()}
+    narrowest = min((min(m.in_features, m.out_features) for m in model.modules()
+                     if type(m) is nn.Linear and id(m) not in heads), default=rank)
+    if rank > narrowest:  # B·A would hold more than the whole matrix it changes
+        raise ValueError(f"--lora-rank {rank} is more than the narrowest matrix it adapts, "
+                         f"{narrowest} wide: a rank that high changes every weight and costs "
+                         f"more than full fine-tuning. Take a few (4 to 16), at most {narrowest}")
+    model.requires_grad_(False)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and id(child) not in heads:
@@ -320,6 +246,21 @@ class RequestConfig(TrainConfig):
     lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
     request_share: float = 1.0  # the share of rows with a request; below 1, plain windows too
 
+    @classmethod
+    def given_flags(cls, given):
+        """The flags given, with --init-from's model (its run's --model, --preset and step 15's
+        parts) filled in, so the run prints, prices and records what it trains; a flag that
+        chooses another model is refused."""
+        if not given.get("init_from") or given.get("resume"):
+            return given
+        saved = load_checkpoint(given["init_from"]).get("train_config") or {}
+        names = [n for n in ("model", "preset", *PARTS) if n in saved]
+        if other := [f"--{n.replace('_', '-')} {given[n]} (it has {saved[n]})" for n in names
+                     if n in given and given[n] != saved[n]]:
+            raise ValueError(f"--init-from fine-tunes the model in {given['init_from']} as it "
+                             f"is: leave out {', '.join(other)}")
+        return {**given, **{n: saved[n] for n in names}}
+
     def __post_init__(self):
         super().__post_init__()
         if not 0 < self.request_share <= 1 or self.request_share < 1 and not self.requests:
@@ -369,11 +310,25 @@ class RequestWriting(WriteHooks):
     def prompt(self, args):
         if not (args.words or args.features or args.sentence):
             return args.prompt
+        if args.prompt is not None:
+            raise ValueError("--prompt and a request (--words, --features, --sentence) both say "
+                             "what to write from: give one of them")
         split = lambda text: tuple(w.strip() for w in text.split(",") if w.strip())  # noqa: E731
-        return render_request(split(args.words), split(args.features), args.sentence)
+        args.request = {"words": split(args.words), "features": split(args.features),
+                        "sentence": args.sentence}
+        return render_request(**args.request)
 
     def cache(self, model):
         return fresh_cache(model)
+
+    def check(self, args, ckpt, model, prompt_tokens):
+        if not getattr(args, "request", None):
+            return
+        if ckpt:  # only what the model was taught (or a note: zero-shot)
+            check_request(ckpt, args.request, args.checkpoint)
+        if prompt_tokens > model.config.max_seq_len:  # cut at its start, it would lose fields
+            raise ValueError(f"the request is {prompt_tokens:,} tokens and the model reads at "
+                             f"most {model.config.max_seq_len}: shorten --sentence (or --words)")
 
 
 def main(argv=None):

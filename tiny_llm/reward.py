@@ -45,7 +45,7 @@ from tiny_llm.instruct import (
 )
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
-from tiny_llm.scoring import free_request, measure_line, score_story
+from tiny_llm.request_data import free_request, measure_line, score_story
 from tiny_llm.tokenize import EOT, load_tokenizer
 
 

@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,11 +112,32 @@ def start(device_kind=None):
         raise ValueError(f"data-parallel training runs on cpu (gloo) or cuda (nccl), not {kind!r}")
     device = torch.device("cpu")
     if kind == "cuda":
+        refuse_more_ranks_than_gpus()  # LOCAL_RANK must name a GPU that is here
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if kind == "cuda" else "gloo", device_id=device
                             if kind == "cuda" else None)
     return device
+
+
+def refuse_more_ranks_than_gpus():
+    """Stop, before any work, a job with more ranks on this machine than GPUs.
+
+    Each rank takes GPU number LOCAL_RANK; one past the last would fail inside CUDA ("invalid
+    device ordinal"). Local rank 0 says why in one line; the others wait to be stopped, so
+    that torchrun sees rank 0's failure, with its line, first.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), local_rank + 1)
+    gpus = torch.cuda.device_count()
+    if ranks <= gpus:
+        return
+    if local_rank != 0:
+        time.sleep(30)
+        raise SystemExit(1)
+    raise ValueError(f"{ranks} ranks on this machine but {gpus} GPU{'' if gpus == 1 else 's'}: "
+                     f"one rank per GPU. Start {gpus} with --nproc-per-node {gpus}, or run "
+                     f"the ranks on the CPU with gloo: --device cpu")
 
 
 def train_ranks(cfg, device, shard=False, hooks=None):

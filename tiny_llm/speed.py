@@ -8,7 +8,8 @@ utilisation, is the arithmetic the model needs per second divided by the matmul 
 measured on this device.
 
 Run the check:  uv run python -m tiny_llm.speed        (measures this machine: numbers vary)
-Add --profile for PyTorch's table of the operators a step spends its time in.
+Add --profile for PyTorch's table of the operators a step spends its time in, or --decode to
+compare step 12's cached decoding with a static cache and a CUDA graph (the GPU's lever).
 """
 
 import argparse
@@ -32,6 +33,7 @@ from tiny_llm.device import (  # noqa: F401 (kept_memory: step 10 uses it, step 
 )
 from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS
 from tiny_llm.muon import MuonAdamW, muon_groups
+from tiny_llm.static_decode import compare_decoding
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,20 @@ def print_table(rows, flops, peaks):
               f"{mfu_text(r['tokens_per_s'], flops, peaks, setting.dtype):>8} {r['loss']:>7.4f}")
 
 
+def print_decoding(preset, device):
+    """The --decode check: an untrained GPT of `preset` writes max_seq_len - 1 tokens greedily
+    both ways (speed does not depend on the weights)."""
+    seed_everything(1337)
+    model = GPT(PRESETS[preset]).to(device).eval()
+    n = model.config.max_seq_len - 1  # within the window: every step a one-token step
+    (cached, static), same = compare_decoding(model, n)
+    graph = "one CUDA graph a token" if device.type == "cuda" else "no graph: CUDA only"
+    print(f"{'decode':<16} untrained {preset} GPT on {device.type}, {n} greedy tokens after one")
+    print(f"{'cached':<16} {cached[1]:,.0f} tokens/s (step 12)")
+    print(f"{'static':<16} {static[1]:,.0f} tokens/s ({graph})")
+    print(f"{'same tokens':<16} {same}")
+
+
 def main():
     parser = argparse.ArgumentParser(description="Step 13: time training steps.")
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS))
@@ -285,6 +301,8 @@ def main():
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     parser.add_argument("--graph-breaks", action="store_true",
                         help="only count the graph breaks torch.compile meets in the forward")
+    parser.add_argument("--decode", action="store_true", help="only compare step 12's cached "
+                        "decoding with the static cache and a CUDA graph")
     args = parser.parse_args()
     if min(args.batch_size, args.steps, args.warmup) < 1:
         parser.error(f"--batch-size, --steps and --warmup must be >= 1, got {args.batch_size}, "
@@ -302,6 +320,9 @@ def main():
         print(f"{'operators':<16} {found.op_count}")
         for reason in found.break_reasons:
             print(f"{'break':<16} {reason.reason}")
+        return
+    if args.decode:
+        print_decoding(args.preset, device)
         return
     fast_float32_matmuls(device)  # CUDA: float32 matmuls on TF32 tensor cores, as step 10 does
     n_matmul = matmul_params(GPT(config))

@@ -8,13 +8,18 @@ story streams in token by token through step 12's KV cache, drawn by step 09's s
 Every token is shaded by the probability the model gave it; selecting one shows the ten most
 likely candidates before and after temperature, top-k and top-p, and where the position that
 chose it attended, per layer and head (steps 05 and 06). A checkpoint fine-tuned to take
-requests (step 17) gets a form for words, features and a sentence; a second checkpoint writes
-beside the first, from the same prompt and seed.
+requests (step 17) gets a form for words, features and a sentence (only those it was taught),
+and each story of a request shows its score by step 17's rules. A second checkpoint writes
+beside the first, from the same input and seed; a base model beside a fine-tuned one gets the
+same request as plain text: the zero-shot row, the "before" of "before and after".
 
 Safe by default: only this machine can connect (another --host is a choice you make, with a
-warning), prompts, stories and the number of stories written at once are capped, a closed tab
-or the stop button ends its story, and the page can name no file: the checkpoints are the ones
-on the command line, checked (step 09's checkpoint checks) before the server starts.
+warning), and only a page it served can use it: a request must name the studio's own address
+as its Host (a web page that rebinds its DNS name to 127.0.0.1 names another) and send JSON (a
+form another site posts cannot). Prompts, bodies, stories and the number of stories written at
+once are capped, a closed tab or the stop button ends its story, and the page can name no file:
+the checkpoints are the ones on the command line, checked (step 09's checkpoint checks) before
+the server starts.
 
 The server is FastAPI on uvicorn: a few lines per endpoint, a test client that runs the app
 without a network, and streaming responses that end when the browser goes away. The page is
@@ -40,13 +45,16 @@ from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.device import pick_device
 from tiny_llm.evaluate import attention_maps
 from tiny_llm.generate import DEFAULTS, check_sampling, next_token_probs, sample_tokens
-from tiny_llm.instruct import FEATURES, render_request, takes_requests
+from tiny_llm.instruct import render_request
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
+from tiny_llm.request_data import FEATURES, check_learned, learned_requests, score_story
 from tiny_llm.tokenize import EOT, tokenizer_path
 
 PAGE = Path(__file__).with_name("studio.html")
-LIMITS = {"prompt_chars": 2000, "max_new_tokens": 1000, "running": 2}  # what one server allows
+LIMITS = {"prompt_chars": 2000, "max_new_tokens": 1000, "running": 2,  # what one server allows
+          "body_bytes": 65_536}
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")  # the names this machine calls itself by
 TOP = 10  # candidates shown for a token
 
 
@@ -57,7 +65,11 @@ class Writer:
     name: str
     model: torch.nn.Module
     tokenizer: Tokenizer
-    requests: bool  # fine-tuned to take requests: the page shows the request form
+    learned: dict | None  # what requests it was fine-tuned on (step 17), None: plain prompts
+
+    @property
+    def requests(self):
+        return self.learned is not None
 
 
 def load_writer(path, device="cpu", data_dir=DATA_DIR):
@@ -65,8 +77,9 @@ def load_writer(path, device="cpu", data_dir=DATA_DIR):
     with the tokenizer prepared in data_dir); ValueError or FileNotFoundError if not."""
     model, ckpt = model_from_checkpoint(path, device, data_dir=data_dir)
     tokenizer = Tokenizer.from_file(str(tokenizer_path(Path(data_dir) / "tokenizer.json")))
-    name = f"{Path(path).parent.name}/{Path(path).name} (step {ckpt['step']:,})"
-    return Writer(name, model, tokenizer, takes_requests(ckpt))
+    path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)  # a run folder's
+    name = f"{path.parent.name}/{path.name} (step {ckpt['step']:,})"
+    return Writer(name, model, tokenizer, learned_requests(ckpt))
 
 
 def distributions(logits, temperature, top_k, top_p):
@@ -97,27 +110,57 @@ class Refused(ValueError):
         self.status = status
 
 
+def text(value, what):
+    """`value` if it is text that UTF-8 can carry (JSON may hold half a surrogate pair), else a
+    Refused naming `what`."""
+    if not isinstance(value, str):
+        raise Refused(f"{what} must be text, got {type(value).__name__} {value!r:.60}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise Refused(f"{what} holds {value[err.start]!r}, half of a surrogate pair, which is "
+                      "no character: send whole characters") from None
+    return value
+
+
+def request_of(body):
+    """A request's fields, checked, as render_request's arguments (words, features, sentence)."""
+    request = body["request"]
+    if not isinstance(request, dict):
+        raise Refused(f"request must be an object with words, features and sentence, got "
+                      f"{request!r:.60}")
+    parts = {}
+    for key in ("words", "features"):
+        items = request.get(key) or []
+        if not isinstance(items, list):
+            raise Refused(f"{key} must be a list, such as [\"dog\", \"moon\"], got "
+                          f"{type(items).__name__} {items!r:.60}")
+        parts[key] = [text(item, f"each of {key}").strip() for item in items]
+        parts[key] = [item for item in parts[key] if item]
+    sentence = request.get("sentence")
+    parts["sentence"] = (text(sentence, "sentence").strip() or None) if sentence else None
+    return parts
+
+
 def prompt_text(writer, body):
-    """The text a generate request starts from: the prompt, or a request rendered by step 17."""
-    request = body.get("request")
-    if request is None:
-        prompt = body.get("prompt", "")
-    elif not writer.requests:
-        raise Refused(f"{writer.name} was not fine-tuned to take requests: send a plain prompt")
+    """(text a generate request starts from, the request or None): the prompt, or a request
+    rendered by step 17. A model never tuned on requests reads the request as plain text: the
+    zero-shot row of a side-by-side."""
+    if body.get("request") is None:
+        prompt, request = text(body.get("prompt", ""), "the prompt"), None
     else:
-        words = [w.strip() for w in request.get("words") or [] if w.strip()]
-        try:  # render_request refuses a feature the model was not taught, naming the choices
-            prompt = render_request(words, list(request.get("features") or []),
-                                    request.get("sentence") or None)
+        request = request_of(body)
+        try:  # render_request refuses an unknown feature, check_learned one it was not taught
+            prompt = render_request(**request)
+            if writer.requests:
+                check_learned(writer.learned, request, writer.name)
         except ValueError as err:
             raise Refused(str(err)) from None
-    if not isinstance(prompt, str):
-        raise Refused(f"the prompt must be text, got {type(prompt).__name__}")
     if len(prompt) > LIMITS["prompt_chars"]:
         raise Refused(f"the prompt has {len(prompt):,} characters; the studio takes at most "
                       f"{LIMITS['prompt_chars']:,} (the model reads only its last "
                       f"{writer.model.config.max_seq_len} tokens anyway)", 413)
-    return prompt
+    return prompt, request
 
 
 def sampling_of(body):
@@ -130,17 +173,19 @@ def sampling_of(body):
         check_sampling(temperature, top_k, top_p)
     except ValueError as err:
         raise Refused(str(err)) from None
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise Refused(f"seed must be an int >= 0, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise Refused(f"seed must be an int from 0 to 2**64 - 1 (what a generator holds), got "
+                      f"{seed!r:.40}")
     cap = LIMITS["max_new_tokens"]
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cap:
         raise Refused(f"length must be a whole number of tokens from 1 to {cap:,}, got {n!r}")
     return temperature, top_k, top_p, seed, n
 
 
-def story_lines(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens):
+def story_lines(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens, request=None):
     """The story as JSON lines: the prompt's tokens, then one line per new token (its id, text,
-    probability before and after sampling's reshaping, and the top candidates), then the end."""
+    probability before and after sampling's reshaping, and the top candidates), then the end;
+    for a request, the end carries the story's scores (step 17's score_story)."""
     model, tokenizer = writer.model, writer.tokenizer
     eot_id = tokenizer.token_to_id(EOT)
     ids = tokenizer.encode(prompt).ids or [eot_id]  # as generate does: '' starts after an EOT
@@ -149,20 +194,31 @@ def story_lines(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens)
     yield {"prompt": [{"id": i, "text": piece(i)} for i in ids]}
     generator = torch.Generator(device=device).manual_seed(seed)  # the generate command's draws
     idx = torch.tensor([ids], device=device)
-    made, end = 0, "length"
+    made, end, story = 0, "length", []
     for next_id, logits in sample_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
                                          generator, eot_id, fresh_cache(model)):
         i = next_id.item()
         before, after = distributions(logits, temperature, top_k, top_p)
         top = before.topk(min(TOP, before.shape[0])).indices.tolist()
         made += 1
+        story += [i] if i != eot_id else []
         yield {"id": i, "text": piece(i), "eot": i == eot_id, "p": before[i].item(),
                "p_sampled": after[i].item(),
                "top": [{"id": j, "text": piece(j), "p": before[j].item(),
                         "p_sampled": after[j].item()} for j in top]}
         if i == eot_id:
             end = "eot"
-    yield {"done": end, "tokens": made}
+    yield {"done": end, "tokens": made, **scores(request, tokenizer.decode(story))}
+
+
+def scores(request, story):
+    """{"scores": score_story's fields, "reward": their mean} for a request's story; {} for a
+    prompt. The mean of what was asked: 2 of 3 words and the dialogue right -> (2/3 + 1) / 2."""
+    if request is None:
+        return {}
+    marks = score_story({**request, "summary": None}, story)
+    asked = [v for v in marks.values() if v is not None]
+    return {"scores": marks, "reward": sum(asked) / len(asked)}
 
 
 class Slots:
@@ -187,8 +243,58 @@ class Slots:
         return release
 
 
-def create_app(writers, limits=None):
-    """The studio's FastAPI app for a list of Writers (the page numbers them 0, 1)."""
+def host_name(header):
+    """The name in a Host header, without its port: 'localhost:8000' -> 'localhost',
+    '[::1]:8000' -> '[::1]'."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header.partition("]")[0] + "]"
+    return header.partition(":")[0]
+
+
+def host_allowed(header, names):
+    """Whether a request's Host header is one of `names`; with "*" among them (--host 0.0.0.0),
+    also any address written as digits: DNS rebinding needs a name, and an address is none."""
+    name = host_name(header)
+    if name in names:
+        return True
+    try:
+        return "*" in names and bool(ipaddress.ip_address(name.strip("[]")))
+    except ValueError:
+        return False
+
+
+def served_names(host):
+    """The Host names the studio answers to when it listens on `host`."""
+    if host in ("0.0.0.0", "::"):
+        return (*LOOPBACK, "*")
+    return tuple(dict.fromkeys((*LOOPBACK, f"[{host}]" if ":" in host else host.lower())))
+
+
+class OwnHostOnly:
+    """ASGI middleware: answer 421 to a request whose Host is not one of `names`, before any
+    endpoint runs (a page on evil.example.com whose name now points at 127.0.0.1 sends
+    Host: evil.example.com, and learns nothing)."""
+
+    def __init__(self, app, names):
+        self.app, self.names = app, names
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if not host_allowed(header, self.names):
+                from fastapi.responses import JSONResponse
+                names = ", ".join(n for n in self.names if n != "*")
+                refusal = JSONResponse({"error": f"this studio answers to {names} only, not to "
+                                        f"Host {header[:60]!r}: open the address it printed"},
+                                       status_code=421)
+                return await refusal(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def create_app(writers, limits=None, host="127.0.0.1"):
+    """The studio's FastAPI app for a list of Writers (the page numbers them 0, 1), answering
+    to the loopback names and `host`, the address it listens on."""
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.concurrency import run_in_threadpool
@@ -197,6 +303,7 @@ def create_app(writers, limits=None):
     slots = Slots(limits["running"])
     app = FastAPI(title="tiny-llm story studio", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.slots = slots  # the tests look at it
+    app.add_middleware(OwnHostOnly, names=served_names(host))
 
     @app.exception_handler(Refused)
     async def refused(_request, err):
@@ -210,10 +317,22 @@ def create_app(writers, limits=None):
         return writers[number]
 
     async def json_body(request):
+        kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind != "application/json":  # a form another site posts cannot send this type
+            raise Refused(f"send the request as JSON (Content-Type: application/json), not "
+                          f"{kind or 'without a type'}", 415)
+        cap, data = limits["body_bytes"], b""
+        if not request.headers.get("content-length", "0").isdigit() or (
+                int(request.headers.get("content-length", "0")) > cap):
+            raise Refused(f"the request body may hold at most {cap:,} bytes", 413)
+        async for chunk in request.stream():  # counted as it comes: a false length gains nothing
+            data += chunk
+            if len(data) > cap:
+                raise Refused(f"the request body may hold at most {cap:,} bytes", 413)
         try:
-            body = await request.json()
-        except ValueError:
-            raise Refused("the request body must be JSON") from None
+            body = json.loads(data)
+        except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
+            raise Refused("the request body must be JSON, a few levels deep at most") from None
         if not isinstance(body, dict):
             raise Refused("the request body must be a JSON object")
         return body
@@ -224,7 +343,7 @@ def create_app(writers, limits=None):
 
     @app.get("/api/info")
     def info():
-        return {"writers": [{"name": w.name, "requests": w.requests,
+        return {"writers": [{"name": w.name, "requests": w.requests, "learned": w.learned,
                              "max_seq_len": w.model.config.max_seq_len} for w in writers],
                 "features": list(FEATURES), "limits": limits, "running": slots.running,
                 "defaults": {**DEFAULTS, "seed": 1337, "max_new_tokens": 200}}
@@ -233,12 +352,12 @@ def create_app(writers, limits=None):
     async def generate(request: Request):
         body = await json_body(request)
         writer = writer_of(body)
-        prompt = prompt_text(writer, body)
+        prompt, asked = prompt_text(writer, body)
         sampling = sampling_of(body)
         if sampling[-1] > limits["max_new_tokens"]:
             raise Refused(f"length must be at most {limits['max_new_tokens']:,} tokens here")
         release = slots.take()
-        lines = story_lines(writer, prompt, *sampling)
+        lines = story_lines(writer, prompt, *sampling, request=asked)
 
         async def stream():  # one token a pull: a closed tab or stop means no more pulls
             try:
@@ -271,11 +390,26 @@ def create_app(writers, limits=None):
     return app
 
 
-def free_port(host):
-    """A TCP port nobody listens on now (the system picks it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def listening_socket(host, port):
+    """A socket bound to host and port (0: any free one), before the address is printed: a
+    port in use is said at once, never after the address of another server was shown."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        taken = f"port {port} is in use (by another studio or program?)"
+        raise SystemExit(f"error: cannot listen on {host}:{port}: "
+                         f"{taken if port else err.strerror}: choose another --port, or leave "
+                         "it out for a free one") from None
+    return sock
+
+
+def serve(app, sock):
+    """Run the app on a bound socket until Ctrl-C."""
+    import uvicorn
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def is_loopback(host):
@@ -298,7 +432,7 @@ def main(argv=None):
     if args.port is not None and not 1 <= args.port <= 65535:
         parser.error(f"--port must be from 1 to 65535, got {args.port}")
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 (serve() runs it)
     except ImportError:
         raise SystemExit("error: the studio needs fastapi and uvicorn: run `uv sync`") from None
     try:  # every checkpoint is checked before anything listens
@@ -310,12 +444,15 @@ def main(argv=None):
     if not is_loopback(args.host):
         print(f"warning: --host {args.host} lets other machines on the network use this studio "
               "(and your CPU); there is no password", file=sys.stderr)
-    port = args.port or free_port(args.host)
+    sock = listening_socket(args.host, args.port or 0)
+    port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host
     for i, w in enumerate(writers):
-        print(f"{f'checkpoint {i + 1}':<12} {w.name}" + (", takes requests" if w.requests else ""))
+        taught = w.learned and ", ".join(w.learned["fields"] + w.learned["features"])
+        print(f"{f'checkpoint {i + 1}':<12} {w.name}" + (f", takes requests ({taught})"
+                                                        if w.requests else ""))
     print(f"{'studio':<12} http://{host}:{port}/  (Ctrl-C stops it)", flush=True)
-    uvicorn.run(create_app(writers), host=args.host, port=port, log_level="warning")
+    serve(create_app(writers, host=args.host), sock)
 
 
 if __name__ == "__main__":

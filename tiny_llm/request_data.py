@@ -1,0 +1,292 @@
+"""Shared helper (step 17): what a request is and where requests come from, what a model learned
+to take, and whether a story did what it asked.
+
+A request has TinyStories-Instruct's fields (parse_record reads a record, instruct_records a
+whole source). Its words, sentence
+and Dialogue can be read off any story (derive_request), so step 17 needs no request data to
+learn from; a checkpoint says which fields and features it was taught (learned_requests); and a
+program checks each in a story (score_story), which steps 17 and 18 measure with and step 18
+rewards. The rules are stated once, here.
+"""
+
+import itertools
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tiny_llm.data import file_stories, get_batch, hub_reachable, split_tail
+from tiny_llm.tokenize import EOT
+
+FEATURES = ("Dialogue", "BadEnding", "MoralValue", "Twist", "Foreshadowing", "Conflict")
+FIELDS = {"Features": "features", "Words": "words", "Random sentence": "sentence",
+          "Summary": "summary"}  # TinyStories-Instruct's field names -> render_request's
+REQUEST_ROOM = 48  # tokens kept for the request when a story is cut to fit behind it
+MAX_RECORDS = 50_000  # records read from a TinyStories-Instruct source (held in memory)
+STOPWORDS = set("""a an the and or but so if then than that this these those there here is are
+was were be been being am do does did done have has had having he she it they we you i me him
+her them us my your his its our their mine not no yes to of in on at by for with from up down
+out over under into onto off about after before again all any each every some many much more
+most very too also just only own same such can could will would shall should may might must
+said says say what when where which who whom whose why how one two three once upon time day
+lily tim tom ben sue sam anna max mia lucy jack bob sara mom dad mommy daddy named name""".split())
+COMMON_WORDS = ("dog", "cat", "ball", "tree", "park", "happy", "sad", "big", "jump", "play",
+                "friend", "toy", "sun", "bird", "house", "car", "red", "little", "find", "help",
+                "water", "flower", "box", "fish", "cake", "garden", "boat", "hat", "sing", "moon",
+                "brave", "scared", "run", "smile", "rain", "apple", "book", "door", "shiny",
+                "kind")  # the "free" requests draw three of these
+
+
+def content_words(text):
+    """Lower-case words of 3+ letters that are not stop words or names, first occurrence order."""
+    seen = dict.fromkeys(w.lower() for w in re.findall(r"\b[A-Za-z]{3,}\b", text))
+    return [w for w in seen if w not in STOPWORDS]
+
+
+def sentences(text):
+    """Sentences of a story that end in . ! or ?, without quotes, 4 to 20 words long."""
+    found = re.findall(r"[A-Z][^.!?\"\n]*[.!?]", text)
+    return [s.strip() for s in found if 4 <= len(s.split()) <= 20]
+
+
+def derive_request(story, seed=0):
+    """A request read off a story: three of its content words, one of its sentences (half the
+    time) and Dialogue exactly when it has quoted speech. The same story and seed give the same
+    request, in any process (random.Random seeded by a string is deterministic)."""
+    rng = random.Random(f"{seed}:{story}")
+    words = content_words(story)
+    request = {"words": tuple(rng.sample(words, min(3, len(words)))),
+               "features": ("Dialogue",) if re.search(r"\"[^\"]+\"", story) else (),
+               "sentence": None, "summary": None}
+    if (found := sentences(story)) and rng.random() < 0.5:
+        request["sentence"] = rng.choice(found)
+    return request
+
+
+def free_request(index, seed=0):
+    """Request number `index` of the free set: three words from COMMON_WORDS, nothing else."""
+    rng = random.Random(f"free:{seed}:{index}")
+    return {"words": tuple(rng.sample(COMMON_WORDS, 3)), "features": (), "sentence": None,
+            "summary": None}
+
+
+def uses_word(story, word):
+    """Whether the story uses `word` or a regular inflection of it (dog: dogs; jump: jumps,
+    jumped, jumping; smile: smiled, smiling; run: running; happy: happier). Irregular forms
+    (run: ran) do not count. The rule is the one every figure of step 17 uses."""
+    w = word.lower()
+    forms = {w, w + "s", w + "es", w + "ed", w + "d", w + "ing", w + "er", w + "est"}
+    forms |= {w + w[-1] + "ing", w + w[-1] + "ed", w + w[-1] + "er"}  # run -> running
+    if w.endswith("e"):
+        forms |= {w[:-1] + "ing"}  # smile -> smiling
+    if w.endswith("y"):
+        forms |= {w[:-1] + "ies", w[:-1] + "ied", w[:-1] + "ier", w[:-1] + "iest"}
+    return any(t in forms for t in re.findall(r"[a-z]+", story.lower()))
+
+
+def score_story(request, story):
+    """{"words": share of requested words used, "sentence": 1/0 or None (none asked),
+    "dialogue": 1 if quoted speech is present exactly when Dialogue was asked, else 0}."""
+    words = request["words"]
+    return {"words": sum(uses_word(story, w) for w in words) / len(words) if words else None,
+            "sentence": None if not request["sentence"] else float(request["sentence"] in story),
+            "dialogue": float(bool(re.search(r"\"[^\"]+\"", story))
+                              == ("Dialogue" in request["features"]))}
+
+
+def parse_record(text):
+    """A TinyStories-Instruct record (fields in any order, then "Story:") -> (request, story).
+    request is a dict of render_request's arguments; parse_record(render_request(**r) + s) == (r, s)
+    for a request r with all four fields (parse fills the absent ones with empty values)."""
+    request = {"words": (), "features": (), "sentence": None, "summary": None}
+    head, sep, story = text.partition("Story:")
+    if not sep:
+        raise ValueError(f"no 'Story:' in the record {text[:80]!r}...: is it TinyStories-Instruct?")
+    lines = story.split("\n")  # a field may follow the story too: it ends the story
+    end = next((i for i, line in enumerate(lines) if line.partition(":")[0].strip() in FIELDS
+                and ":" in line), len(lines))
+    story = "\n".join(lines[:end])
+    for line in head.splitlines() + lines[end:]:
+        name, _, value = line.partition(":")
+        if name.strip() in FIELDS and value.strip():
+            key, value = FIELDS[name.strip()], value.strip()
+            if key in ("words", "features"):
+                value = tuple(v.strip() for v in value.split(",") if v.strip())
+            request[key] = value
+    request["features"] = tuple(f for f in request["features"] if f in FEATURES)
+    return request, story.strip()
+
+
+def measure_line(request, story):
+    """What --measure prints under a story: each score_story field the request asks for, and
+    the words it missed. 'measured     words 2/3 (missed brave), dialogue none, not asked'"""
+    words, scores = request["words"], score_story(request, story)
+    missed = [w for w in words if not uses_word(story, w)]
+    parts = [f"words {len(words) - len(missed)}/{len(words)}"
+             + (f" (missed {', '.join(missed)})" if missed else "")] if words else []
+    if scores["sentence"] is not None:
+        parts.append(f"sentence {'yes' if scores['sentence'] else 'no'}")
+    asked = "Dialogue" in request["features"]
+    quoted = scores["dialogue"] == asked  # the score is 1 when quotes come exactly when asked
+    parts.append(f"dialogue {'written' if quoted else 'none'}, {'' if asked else 'not '}asked")
+    return f"{'measured':<12} " + ", ".join(parts)
+
+
+def learned_requests(ckpt):
+    """What a loaded checkpoint dict was fine-tuned to take: {"fields": [...], "features": [...]}
+    in render_request's names, or None for a model never tuned on requests. Derived requests
+    teach words, a sentence and Dialogue (the one feature a story shows by itself: quotes);
+    TinyStories-Instruct teaches every field and feature. An imported model carries its own
+    ("requests", from the export's config.json)."""
+    if isinstance(own := ckpt.get("requests"), dict):  # checked: a config.json can be edited
+        return {key: [v for v in own.get(key) if v in known] if isinstance(own.get(key), list)
+                else [] for key, known in (("fields", FIELDS.values()), ("features", FEATURES))}
+    source = (ckpt.get("train_config") or {}).get("requests")
+    if not source:
+        return None
+    if source == "derived":
+        return {"fields": ["words", "sentence"], "features": ["Dialogue"]}
+    return {"fields": list(FIELDS.values()), "features": list(FEATURES)}
+
+
+def takes_requests(ckpt):
+    """Whether a loaded checkpoint dict was fine-tuned on requests (train --requests)."""
+    return learned_requests(ckpt) is not None
+
+
+def check_request(ckpt, request, name):
+    """What generate does with a request for the checkpoint `name`: refuse what a model tuned
+    on requests was not taught; for a model never tuned, say that it reads it as plain text."""
+    if (learned := learned_requests(ckpt)) is None:
+        print(f"note: {name} was never fine-tuned on requests: it reads this one as plain text "
+              "(zero-shot), the base line a fine-tuning is measured against", file=sys.stderr)
+    else:
+        check_learned(learned, request, name)
+
+
+def check_learned(learned, request, name="the model"):
+    """Raise a ValueError naming what `request` (render_request's arguments) asks that the
+    checkpoint never learned (`learned`, from learned_requests): it would read it as noise."""
+    if learned is None:
+        raise ValueError(f"{name} was not fine-tuned to take requests (train --requests): "
+                         "give it a plain prompt")
+    unlearned = [f for f in request.get("features") or () if f not in learned["features"]]
+    unlearned += [f"a {field}" for field in ("sentence", "summary")
+                  if request.get(field) and field not in learned["fields"]]
+    if unlearned:
+        taught = ", ".join(learned["features"]) or "no feature"
+        raise ValueError(f"{name} was never taught {', '.join(unlearned)}: its requests held "
+                         f"{', '.join(learned['fields'])} and {taught}; leave the rest out")
+
+
+def story_ids(tokens, eot_id=0):
+    """A token file's stories, int64 ids without their EOT: [5, 6, 0, 7, 0] -> [5 6], [7]."""
+    ends = np.flatnonzero(np.asarray(tokens) == eot_id)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    return [np.asarray(tokens[s:e], dtype=np.int64) for s, e in zip(starts, ends, strict=True)
+            if e > s]
+
+
+def derived_records(tokens, tokenizer, seq_len, seed):
+    """(request, story ids) for each story of a token file, the request read off the part of
+    the story that fits behind it (the rest is cut, so asking for a word it never sees would
+    teach the model to ignore requests)."""
+    stories = story_ids(tokens)
+    fits = tokenizer.decode_batch([s[: seq_len - REQUEST_ROOM].tolist() for s in stories])
+    # the fitting part may end inside a word: read the request off whole words only
+    return [(derive_request(text.rsplit(" ", 1)[0], seed), ids)
+            for text, ids in zip(fits, stories, strict=True)]
+
+
+def instruct_records(source, tokenizer):
+    """{"train": [...], "valid": [...]} of (request, story ids) from TinyStories-Instruct:
+    "tinystories-instruct" (the Hub, through `datasets`) or the path of a local copy of its text
+    files (records between EOT lines; its last 5%, at most 1,000, held out). MAX_RECORDS at most."""
+    if source == "tinystories-instruct":
+        if not hub_reachable():
+            raise ConnectionError("cannot reach the Hugging Face Hub for TinyStories-Instruct: "
+                                  "use --requests derived, or a local copy of its text files")
+        import datasets
+        rows = datasets.load_dataset("roneneldan/TinyStoriesInstruct", split="train",
+                                     streaming=True)
+        lines = (row["text"] for row in rows)
+        texts = ("\n".join(run) for is_eot, run in
+                 itertools.groupby(lines, key=lambda t: t.strip() == EOT)
+                 if not is_eot)
+    else:
+        if not Path(source).exists():
+            import difflib
+            near = difflib.get_close_matches(source, ("derived", "tinystories-instruct"), 1)
+            raise FileNotFoundError(
+                f"--requests {source!r} is no file, and not one of derived or "
+                f"tinystories-instruct" + (f": did you mean --requests {near[0]}?" if near
+                                          else ": pass a TinyStories-Instruct text file"))
+        texts = file_stories(source)
+    records, empty = {"train": [], "valid": []}, 0
+    for i, (split, text) in enumerate(split_tail(texts, source)):
+        if i == MAX_RECORDS:
+            break
+        request, story = parse_record(text)
+        if not story:  # nothing to learn but the end: skipped, and counted
+            empty += 1
+            continue
+        records[split].append((request, np.array(tokenizer.encode(story).ids)))
+    if not records["train"] or not records["valid"]:
+        raise ValueError(f"{source}: {empty} records have nothing after 'Story:', and too few "
+                         "have a story to train and validate on: every record needs its story")
+    if empty:
+        print(f"note: {source}: {empty} records have nothing after 'Story:': skipped",
+              file=sys.stderr)
+    return records
+
+
+# A Jinja chat template: the last user message rendered as step 17's render_request renders
+# its fields ({"role": "user", "words": ["dog"], "features": ["Dialogue"], "sentence": ...}), or
+# a chat's "content" as the words ("dog, moon"); what the model was not taught is refused.
+CHAT_TEMPLATE = r"""
+{%- set m = (messages | selectattr("role", "equalto", "user") | list | last) -%}
+{%- set ns = namespace(words=m.words if m.words is defined else []) -%}
+{%- for w in (m.content or "").split(",") if m.words is not defined and w.strip() -%}
+  {%- set ns.words = ns.words + [w.strip()] -%}
+{%- endfor -%}
+{%- set features = m.features if m.features is defined else [] -%}
+{%- for f in features if f not in FEATURES_TAUGHT -%}
+  {{- raise_exception("this model was not taught the feature " ~ f) -}}
+{%- endfor -%}
+{%- for key in ["sentence", "summary"] if m[key] and key not in FIELDS_TAUGHT -%}
+  {{- raise_exception("this model was not taught a " ~ key) -}}
+{%- endfor -%}
+{%- macro field(name, value) -%}
+  {{- name ~ ": " ~ (value | replace("\n", " ")) ~ "\n" -}}
+{%- endmacro -%}
+{%- if features %}{{ field("Features", features | join(", ")) }}{% endif -%}
+{%- if ns.words %}{{ field("Words", ns.words | join(", ")) }}{% endif -%}
+{%- if m.sentence %}{{ field("Random sentence", m.sentence) }}{% endif -%}
+{%- if m.summary %}{{ field("Summary", m.summary) }}{% endif -%}
+{{- "Story:\n" -}}
+"""
+
+
+def chat_template(learned):
+    """CHAT_TEMPLATE for a model that learned `learned` (step 17's learned_requests)."""
+    return (CHAT_TEMPLATE.strip().replace("FEATURES_TAUGHT", json.dumps(learned["features"]))
+            .replace("FIELDS_TAUGHT", json.dumps(learned["fields"])))
+
+
+class MixedRows:
+    """Rows for pretraining with requests: of B rows, round(share·B) RequestRows (loss on the
+    story), the rest plain windows (data.get_batch), all from the loop's generator."""
+
+    def __init__(self, request_rows, data, share):
+        self.request_rows, self.data, self.share = request_rows, data, share
+
+    def get_batch(self, batch_size, seq_len, device=None, generator=None, part=slice(None)):
+        """(x, y), each (B, seq_len) int64: the request rows first, then the windows."""
+        n = round(self.share * batch_size)
+        qx, qy = self.request_rows.get_batch(n, seq_len, generator=generator)
+        px, py = get_batch(self.data, batch_size - n, seq_len, generator=generator)
+        return torch.cat([qx, px])[part].to(device), torch.cat([qy, py])[part].to(device)
