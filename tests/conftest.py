@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(config, items):
 # `pytest -n 0 --durations=40`; a module whose tests share a fixture counts as one piece of work.
 CONSOLE = "tests/test_chapters.py::test_console_block_matches_a_real_run["
 EXPECTED_SECONDS = [
-    ("tests/test_learner_path.py", 100),  # steps 04-10 typed along, 22 workalong runs
+    ("tests/test_learner_path.py", 105),  # steps 04-10 typed along, 22 workalong runs, 200 steps
     (CONSOLE + "13-speed.md", 25),  # every setting of the small preset, one step each
     ("tests/test_buildup.py::test_each_steps_tests_pass_on_the_state_at_that_step[1", 7),
     ("tests/test_buildup.py::test_each_steps_tests_pass_on_the_state_at_that_step", 3),
@@ -89,7 +89,8 @@ EXPECTED_SECONDS = [
     ("tests/test_reward.py", 6),  # two toy runs, a resumed reward run
     ("tests/test_instruct.py", 8),
     ("tests/test_notebook.py", 10),  # a Jupyter kernel: torch, 12 tiny steps, a story, a score
-    (CONSOLE + "11-evaluate.md", 20),
+    (CONSOLE + "11-evaluate.md", 35),  # the ladder: five rungs trained, twice (state, head)
+    ("tests/test_ladder.py", 6),  # five rungs of 40 steps
     (CONSOLE + "16-scale-out.md", 15),
     ("tests/test_scale.py::test_two_ranks", 15),
     ("tests/test_scale.py::test_a_rank_that_fails", 15),

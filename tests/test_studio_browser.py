@@ -172,7 +172,7 @@ def test_names_are_text_requests_go_side_by_side_and_nothing_goes_stale(tmp_path
     tuned = tiny_checkpoint(tmp_path / "tuned" / "ckpt.pt", sample_data_dir, requests="derived")
     writers = [studio.load_writer(p, data_dir=sample_data_dir) for p in (base, tuned)]
     url, stop_server = serve(studio.create_app(writers))
-    driver = browser()
+    driver = browser(*require_browser())
     try:
         driver.set_window_size(900, 900)
         driver.get(url)

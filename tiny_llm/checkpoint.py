@@ -49,6 +49,7 @@ TRAINING_KEYS = ("optimizer", "rng", "train_config")  # what --resume needs beyo
 # import step 15), and only a module of this table: never one whose name comes from a file.
 MODEL_CLASSES = {
     "tiny_llm.gpt.GPT": ("tiny_llm.gpt", "GPT"),  # step 08
+    "tiny_llm.ladder.RungGPT": ("tiny_llm.ladder", "RungGPT"),  # step 11: the GPT's ancestors
     "tiny_llm.posenc_lab.LabGPT": ("tiny_llm.posenc_lab", "LabGPT"),  # step 14
     "tiny_llm.modern.ModernGPT": ("tiny_llm.modern", "ModernGPT"),  # step 15
 }

@@ -76,3 +76,21 @@ def plot_positions(table, path, title="learned position table"):
     fig.colorbar(image, ax=right)
     fig.suptitle(title)
     return save_figure(fig, path, dpi=80)
+
+
+def plot_ladder(rows, uniform, path, title="the ladder"):
+    """Bits per byte of each rung of step 11's ladder (dicts with rung, step, bpb), the uniform
+    guess as a line; save a PNG."""
+    from matplotlib.figure import Figure
+
+    labels = [f"{r['step']:02d} {r['rung']}" for r in rows]
+    fig = Figure(figsize=(7, 0.5 * len(rows) + 1.6), layout="constrained")
+    ax = fig.subplots()
+    bars = ax.barh(labels, [r["bpb"] for r in rows], color="tab:blue")
+    ax.bar_label(bars, fmt="%.3f", padding=3)
+    ax.axvline(uniform, color="gray", ls=":", label=f"uniform guess: {uniform:.2f}")
+    ax.invert_yaxis()  # the first rung on top
+    ax.set(xlabel="bits per byte on valid.bin (lower is better)", xlim=(0, uniform * 1.1),
+           title=title)
+    ax.legend(loc="lower right")
+    return save_figure(fig, path, dpi=80)
