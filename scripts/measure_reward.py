@@ -67,11 +67,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="name=checkpoint, the first one the base model")
     parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--n", type=int, default=100)
-    parser.add_argument("--max-new-tokens", type=int, default=150)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--stories", type=Path, default=None)
-    parser.add_argument("--json", type=Path, default=None)
+    for flag, kind, default in [("--n", int, 100), ("--max-new-tokens", int, 150),
+                                ("--seed", int, 0), ("--stories", Path, None),
+                                ("--json", Path, None)]:  # --stories, --json: files to write
+        parser.add_argument(flag, type=kind, default=default)
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
     valid = load_token_array(args.data_dir / "valid.bin")
