@@ -31,8 +31,8 @@ def test_the_steps_are_the_course_table_of_the_readme():
 
 def test_step_names_and_numbers_resolve_and_a_wrong_one_says_what_to_give():
     assert step_module("05") == step_module("5") == step_module("attention") == "attention"
-    with pytest.raises(SystemExit, match="give a number 01-18"):
-        step_module("19")
+    with pytest.raises(SystemExit, match="give a number 01-19"):
+        step_module("20")
 
 
 @pytest.mark.parametrize("module", STEPS)

@@ -244,6 +244,9 @@ class WriteHooks:
     def check(self, args, ckpt, model, prompt_tokens):  # a ValueError refuses model or prompt
         pass
 
+    def written(self, args, story):  # the story just written, without its prompt (step 18)
+        pass
+
 
 def parse_args(argv=None, hooks=None):
     hooks = hooks or WriteHooks()
@@ -355,14 +358,15 @@ def main(argv=None, hooks=None):
     for i in range(args.num_samples):
         print(f"{f'sample {i + 1}':<12} ", end="", flush=True)
         try:  # printed as it is made: a long sample shows at once, and Ctrl-C keeps it
-            stream_sample(model, tokenizer, args.prompt, args.max_new_tokens,
-                          lambda text: print(text, end="", flush=True), generator,
-                          hooks.cache(model), **sampling)
+            out = stream_sample(model, tokenizer, args.prompt, args.max_new_tokens,
+                                lambda text: print(text, end="", flush=True), generator,
+                                hooks.cache(model), **sampling)
         except KeyboardInterrupt:
             print(flush=True)
             print(f"stopped by Ctrl-C: sample {i + 1} ends where it was", file=sys.stderr)
             raise SystemExit(130) from None  # 130: the shell's code for a Ctrl-C
         print()
+        hooks.written(args, tokenizer.decode(out[len(tokenizer.encode(args.prompt).ids):]))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from tiny_llm.paths import DATA_DIR
 from tiny_llm.request_data import (  # noqa: F401 (FIELDS, parse_record: step 17's names too)
     FEATURES,
     FIELDS,
+    MixedRows,
     check_request,
     derived_records,
     instruct_records,
@@ -119,14 +120,17 @@ class RequestRows:
 def request_rows(cfg, train_data, valid_data, seq_len):
     """Step 10's loop calls this when --requests is set: RequestRows for train and valid.
     --requests derived reads requests off the prepared stories; anything else is a
-    TinyStories-Instruct source (instruct_records)."""
+    TinyStories-Instruct source (instruct_records). --request-share below 1: MixedRows."""
     tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
     if cfg.requests == "derived":
         records = {split: derived_records(data, tokenizer, seq_len, cfg.seed)
                    for split, data in (("train", train_data), ("valid", valid_data))}
     else:
         records = instruct_records(cfg.requests, tokenizer)
-    return tuple(rows_of(records[split], tokenizer, seq_len) for split in ("train", "valid"))
+    rows = tuple(rows_of(records[split], tokenizer, seq_len) for split in ("train", "valid"))
+    if cfg.request_share < 1:  # requests from the first token: plain windows beside them
+        return MixedRows(rows[0], train_data, cfg.request_share), valid_data
+    return rows
 
 
 def rows_of(records, tokenizer, seq_len):
@@ -240,6 +244,7 @@ class RequestConfig(TrainConfig):
     requests: str | None = None  # request rows: derived, or a TinyStories-Instruct source
     lora_rank: int = 0  # > 0 trains LoRA adapters of this rank, the model frozen
     lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
+    request_share: float = 1.0  # the share of rows with a request; below 1, plain windows too
 
     @classmethod
     def given_flags(cls, given):
@@ -258,6 +263,10 @@ class RequestConfig(TrainConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if not 0 < self.request_share <= 1 or self.request_share < 1 and not self.requests:
+            raise ValueError(f"--request-share is the share of rows that carry a request, in "
+                             f"(0, 1], with --requests: got {self.request_share}: 1 fine-tunes "
+                             "on requests alone, 0.5 pretrains on requests and plain stories")
         if self.story_starts and self.requests:
             raise ValueError("--requests rows each start at a request already: leave out "
                              "--story-starts")

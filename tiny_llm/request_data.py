@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from tiny_llm.data import file_stories, hub_reachable, split_tail
+from tiny_llm.data import file_stories, get_batch, hub_reachable, split_tail
 from tiny_llm.tokenize import EOT
 
 FEATURES = ("Dialogue", "BadEnding", "MoralValue", "Twist", "Foreshadowing", "Conflict")
@@ -118,6 +119,21 @@ def parse_record(text):
             request[key] = value
     request["features"] = tuple(f for f in request["features"] if f in FEATURES)
     return request, story.strip()
+
+
+def measure_line(request, story):
+    """What --measure prints under a story: each score_story field the request asks for, and
+    the words it missed. 'measured     words 2/3 (missed brave), dialogue none, not asked'"""
+    words, scores = request["words"], score_story(request, story)
+    missed = [w for w in words if not uses_word(story, w)]
+    parts = [f"words {len(words) - len(missed)}/{len(words)}"
+             + (f" (missed {', '.join(missed)})" if missed else "")] if words else []
+    if scores["sentence"] is not None:
+        parts.append(f"sentence {'yes' if scores['sentence'] else 'no'}")
+    asked = "Dialogue" in request["features"]
+    quoted = scores["dialogue"] == asked  # the score is 1 when quotes come exactly when asked
+    parts.append(f"dialogue {'written' if quoted else 'none'}, {'' if asked else 'not '}asked")
+    return f"{'measured':<12} " + ", ".join(parts)
 
 
 def learned_requests(ckpt):
@@ -259,3 +275,18 @@ def chat_template(learned):
     """CHAT_TEMPLATE for a model that learned `learned` (step 17's learned_requests)."""
     return (CHAT_TEMPLATE.strip().replace("FEATURES_TAUGHT", json.dumps(learned["features"]))
             .replace("FIELDS_TAUGHT", json.dumps(learned["fields"])))
+
+
+class MixedRows:
+    """Rows for pretraining with requests: of B rows, round(share·B) RequestRows (loss on the
+    story), the rest plain windows (data.get_batch), all from the loop's generator."""
+
+    def __init__(self, request_rows, data, share):
+        self.request_rows, self.data, self.share = request_rows, data, share
+
+    def get_batch(self, batch_size, seq_len, device=None, generator=None, part=slice(None)):
+        """(x, y), each (B, seq_len) int64: the request rows first, then the windows."""
+        n = round(self.share * batch_size)
+        qx, qy = self.request_rows.get_batch(n, seq_len, generator=generator)
+        px, py = get_batch(self.data, batch_size - n, seq_len, generator=generator)
+        return torch.cat([qx, px])[part].to(device), torch.cat([qy, py])[part].to(device)

@@ -16,7 +16,7 @@ chapter that extends an earlier module shows the change as a diff block:
 Lines starting with a space are context, `-` lines are what the step removes, `+` what it adds
 (an empty line is an empty context line). A hunk's old lines must occur exactly once in the file
 before the step, and its new lines exactly once after it. A file appears at the step that first
-needs it (`FIRST_STEP`). Going back from step 18, each chapter's diffs are undone and its new
+needs it (`FIRST_STEP`). Going back from the last step, each chapter's diffs are undone and its new
 files removed: that gives the state at every step.
 """
 
@@ -33,7 +33,7 @@ ROOT = (Path(__file__).resolve().parents[2] / "steps").resolve().parent
 PACKAGE = ROOT / "tiny_llm"
 STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block", "gpt",
          "generate", "train", "evaluate", "kvcache", "speed", "posenc_lab", "modern", "scale",
-         "instruct", "export"]  # step 01 is device, step 18 export: the course table in README.md
+         "instruct", "reward", "export"]  # step 01 is device, step 19 export: README.md's table
 # The shared helpers, each at the first step whose module imports it; the course's own tools
 # (tiny_llm/course/) are in every state, so a state folder runs the type-along and draws its
 # pictures. Every file of the package is named here (the studio's page too): a state is the
@@ -167,7 +167,7 @@ _STATES = {}
 
 
 def state(step):
-    """{file name: text}: the package as it stands at the end of `step` (1..18)."""
+    """{file name: text}: the package as it stands at the end of `step` (1..19)."""
     if not 1 <= step <= len(STEPS):
         raise ValueError(f"no step {step}: the course has steps 01-{len(STEPS)}")
     if step not in _STATES:

@@ -1,0 +1,111 @@
+"""Step 18's table: how often a story does what was asked, and what it costs in bits per byte.
+
+    uv run python scripts/measure_reward.py --data-dir DIR --n 100 \\
+        base=runs/cpu/ckpt.pt shared=runs/shared/ckpt.pt \\
+        finetuned=runs/requests/ckpt.pt reward=runs/reward/ckpt.pt
+
+For each checkpoint, on N held-out requests (read off the validation stories, never trained on)
+and N free requests (a noun, a verb and an adjective from FREE_WORDS below, none of them among
+COMMON_WORDS, which step 18's run asks for): the share of requested words used, the share of
+stories with every word, sentence inclusion, the share of stories with quoted speech when
+Dialogue was asked and when it was not, and bits per byte on the plain validation stories. The
+first checkpoint is also prompted with "Once upon a time" (the chance rate). --stories FILE
+keeps every story; --json FILE the table's numbers.
+"""
+
+import argparse
+import json
+import random
+import re
+from pathlib import Path
+
+from tiny_llm.checkpoint import model_from_checkpoint
+from tiny_llm.data import load_token_array
+from tiny_llm.evaluate import bits_per_byte
+from tiny_llm.instruct import derived_records, measure
+from tiny_llm.loss import evaluate_loss
+from tiny_llm.prepared import load_meta
+from tiny_llm.request_data import COMMON_WORDS, uses_word
+from tiny_llm.tokenize import load_tokenizer
+
+# Common words of children's stories that COMMON_WORDS does not hold, several of them rarer in
+# TinyStories than any of COMMON_WORDS (kite, carrot, beach): a request no run was trained on.
+FREE_WORDS = {
+    "noun": ("kite", "carrot", "beach", "bread", "chair", "cloud", "cookie", "drum", "duck",
+             "farm", "frog", "hill", "lamp", "leaf", "milk", "pond", "rabbit", "rock", "shell",
+             "snow", "star", "train", "truck", "window", "horse", "bear", "bus", "sock"),
+    "verb": ("climb", "dance", "draw", "dig", "fly", "hide", "kick", "laugh", "paint", "swim",
+             "throw", "wash", "bake", "build", "catch", "push"),
+    "adjective": ("soft", "loud", "tall", "tiny", "warm", "cold", "green", "yellow", "quiet",
+                  "funny", "sleepy", "wet", "round", "fast", "hungry"),
+}
+assert not set().union(*FREE_WORDS.values()) & set(COMMON_WORDS)
+QUOTES = re.compile(r"\"[^\"]+\"")
+
+
+def free_requests(n, seed=0):
+    """n requests of a noun, a verb and an adjective from FREE_WORDS, nothing else."""
+    rng = random.Random(f"free-words:{seed}")
+    return [{"words": tuple(rng.choice(FREE_WORDS[k]) for k in FREE_WORDS), "features": (),
+             "sentence": None, "summary": None} for _ in range(n)]
+
+
+def table_row(requests, stories):
+    """The table's numbers for one set of requests and the stories written for them."""
+    every = [all(uses_word(s, w) for w in r["words"]) for r, s in zip(requests, stories,
+                                                                       strict=True)]
+    asked = [bool(QUOTES.search(s)) for r, s in zip(requests, stories, strict=True)
+             if "Dialogue" in r["features"]]
+    unasked = [bool(QUOTES.search(s)) for r, s in zip(requests, stories, strict=True)
+               if "Dialogue" not in r["features"]]
+    share = lambda flags: sum(flags) / len(flags) if flags else None  # noqa: E731
+    return {"all_words": share(every), "quotes_asked": share(asked),
+            "quotes_unasked": share(unasked)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="name=checkpoint, the first one the base model")
+    parser.add_argument("--data-dir", type=Path, required=True)
+    for flag, kind, default in [("--n", int, 100), ("--max-new-tokens", int, 150),
+                                ("--seed", int, 0), ("--stories", Path, None),
+                                ("--json", Path, None)]:  # --stories, --json: files to write
+        parser.add_argument(flag, type=kind, default=default)
+    args = parser.parse_args()
+    tokenizer = load_tokenizer(args.data_dir / "tokenizer.json")
+    valid = load_token_array(args.data_dir / "valid.bin")
+    meta = load_meta(args.data_dir)
+    held_out = [r for r, _ in derived_records(valid, tokenizer, 128, seed=12345)[: args.n]]
+    free = free_requests(args.n, args.seed)
+    head = ("held words", "held all 3", "sentence", "quotes asked", "quotes unasked",
+            "free words", "free all 3", "bits/byte")
+    print(f"{'model':<24} " + " ".join(f"{h:>14}" for h in head))
+    kept, numbers = {}, {}
+    for i, (name, path) in enumerate(run.split("=", 1) for run in args.runs):
+        model, _ = model_from_checkpoint(path, data_dir=args.data_dir)
+        loss = evaluate_loss(model, valid)["loss"]
+        bpb = bits_per_byte(loss, meta["valid"]["tokens"], meta["valid"]["bytes"])
+        for label, plain in [("chance", True)] * (i == 0) + [("request", False)]:
+            held, s1 = measure(model, tokenizer, held_out, args.max_new_tokens, args.seed, plain)
+            freed, s2 = measure(model, tokenizer, free, args.max_new_tokens, args.seed, plain)
+            row = {"held_words": held["words"], **{f"held_{k}": v for k, v in
+                                                   table_row(held_out, s1).items()},
+                   "sentence": held["sentence"], "free_words": freed["words"],
+                   "free_all_words": table_row(free, s2)["all_words"], "bits_per_byte": bpb}
+            numbers[f"{name}, {label}"] = row
+            kept[f"{name}, {label}"] = {"held_out": list(zip(held_out, s1, strict=True)),
+                                        "free": list(zip(free, s2, strict=True))}
+            cells = [row["held_words"], row["held_all_words"], row["sentence"],
+                     row["held_quotes_asked"], row["held_quotes_unasked"], row["free_words"],
+                     row["free_all_words"]]
+            print(f"{name + ', ' + label:<24} "
+                  + " ".join(f"{c:>14.1%}" if c is not None else f"{'-':>14}" for c in cells)
+                  + f" {bpb:>14.4f}", flush=True)
+    if args.stories:
+        args.stories.write_text(json.dumps(kept, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(numbers, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+from dataclasses import asdict, replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from solutions import ex18_reward
+from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from tiny_llm.data import load_token_array
+from tiny_llm.gpt import GPT, PRESETS, GPTConfig
+from tiny_llm.instruct import (
+    MixedRows,
+    RequestConfig,
+    request_rows,
+    takes_requests,
+)
+from tiny_llm.request_data import measure_line
+from tiny_llm.reward import (
+    RewardConfig,
+    advantages,
+    grpo_loss,
+    main,
+    reward,
+    rollout_rows,
+    toy_run,
+    train_reward,
+)
+from tiny_llm.tokenize import load_tokenizer, tokenizer_sha256
+
+REQUEST = {"words": ("dog", "moon"), "features": (), "sentence": None, "summary": None}
+
+
+def test_the_reward_is_the_mean_of_the_fields_the_request_asks_for():
+    assert reward(REQUEST, "The dog slept.") == 0.75  # words 0.5, no quotes unasked: 1.0
+    assert reward(REQUEST, 'The dogs saw the moon. "Hi!" said one.') == 0.5  # quotes unasked
+    asked = {**REQUEST, "sentence": "It was late.", "features": ("Dialogue",)}
+    assert reward(asked, 'A dog and the moon. It was late. "Bye," he said.') == 1.0
+
+
+def test_advantages_are_centred_on_the_group_and_scaled_by_its_spread():
+    rewards = torch.tensor([[1.0, 0.0, 0.5, 0.5], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0, 0.0, 1.0]])
+    a = advantages(rewards)
+    assert torch.allclose(a[0], torch.tensor([2**0.5, -(2**0.5), 0.0, 0.0]))
+    assert a[1].tolist() == [0.0, 0.0, 0.0, 0.0]  # a group that agrees teaches nothing
+    assert torch.allclose(a.sum(dim=1), torch.zeros(3), atol=1e-6)  # centred
+    assert torch.allclose(a[[0, 2]].std(dim=1, correction=0), torch.ones(2))  # unit spread
+    assert torch.allclose(advantages(rewards * 0.1)[[0, 2]], a[[0, 2]], atol=1e-5)  # scale-free
+
+
+def test_the_rollout_rows_train_the_story_tokens_only():
+    group = [([5, 6], True), ([5, 6, 4], False)]
+    x, y = rollout_rows([7, 8], group, eot_id=0, seq_len=7)
+    assert x.tolist() == [[7, 8, 5, 6, 0, 0, 0], [7, 8, 5, 6, 4, 0, 0]]
+    assert y.tolist()[0] == [-1, 5, 6, 0, -1, -1, -1]  # the EOT it wrote is a target
+    assert y.tolist()[1] == [-1, 5, 6, 4, -1, -1, -1]  # cut short: no EOT to learn
+
+
+def tiny_pair(seed=0):
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=8, max_seq_len=8, d_model=16, n_layers=1, n_heads=2))
+    reference = GPT(model.config).eval()
+    reference.load_state_dict(model.state_dict())
+    return model.eval(), reference
+
+
+def test_the_kl_term_is_zero_at_the_start_and_exact_after_a_change():
+    model, reference = tiny_pair()
+    x, y = torch.tensor([[1, 2, 3, 4]]), torch.tensor([[-1, 3, 4, -1]])
+    loss, kl = grpo_loss(model, reference, x, y, torch.zeros(1), kl_coef=1.0)
+    assert kl == 0.0 and loss.item() == 0.0
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.5 * torch.randn_like(model.lm_head.weight))
+    loss, kl = grpo_loss(model, reference, x, y, torch.zeros(1), kl_coef=2.0)
+    p, q = (F.log_softmax(m(x)[0], -1)[0, 1:3] for m in (model, reference))  # story positions
+    expected = F.kl_div(q, p, log_target=True, reduction="sum").item() / 2
+    assert kl == pytest.approx(expected, rel=1e-5) and kl > 0
+    assert loss.item() == pytest.approx(2.0 * expected, rel=1e-5)
+
+
+def test_the_policy_gradient_moves_only_story_tokens_by_their_advantage():
+    model, reference = tiny_pair()
+    x, y = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]]), torch.tensor([[-1, 3, 4, -1]] * 2)
+    adv = torch.tensor([1.0, -1.0])
+    loss, _ = grpo_loss(model, reference, x, y, adv, kl_coef=0.0)
+    assert loss.item() == pytest.approx(0.0, abs=1e-6)  # the same story, opposite advantages
+    loss, _ = grpo_loss(model, reference, x[:1], y[:1], adv[:1], kl_coef=0.0)
+    taken = F.log_softmax(model(x[:1])[0], -1)[0, [1, 2], [3, 4]]
+    assert loss.item() == pytest.approx(-taken.mean().item(), rel=1e-5)
+    y_request = torch.tensor([[5, 3, 4, 6]])  # targets on the request and padding too
+    changed, _ = grpo_loss(model, reference, x[:1], y_request, adv[:1], kl_coef=0.0)
+    assert changed.item() != pytest.approx(loss.item())  # so the mask is what kept them out
+
+
+def test_the_reward_rises_on_a_toy_reward_and_a_strong_kl_term_holds_it_back():
+    before, after, kl = toy_run(steps=30, kl_coef=0.05)
+    assert before < 0.2 and after > 0.8 and kl > 0.5
+    _, held, small_kl = toy_run(steps=30, kl_coef=1.0)
+    assert held < 0.3 and small_kl < 0.2
+
+
+@pytest.fixture(scope="module")
+def start(sample_data_dir, tmp_path_factory):
+    """A tiny untrained GPT saved as a checkpoint that says it takes requests."""
+    tokenizer = load_tokenizer(sample_data_dir / "tokenizer.json")
+    torch.manual_seed(0)
+    model = GPT(replace(PRESETS["tiny"], vocab_size=tokenizer.get_vocab_size()))
+    path = tmp_path_factory.mktemp("start") / "ckpt.pt"
+    save_checkpoint(path, {"model": model.state_dict(), "config": asdict(model.config),
+                           "step": 30, "tokenizer_sha256": tokenizer_sha256(
+                               sample_data_dir / "tokenizer.json"),
+                           "data_source": "sample", "train_config": {"requests": "derived"}})
+    return path
+
+
+def test_a_reward_run_resumes_exactly_and_saves_an_ordinary_checkpoint(start, sample_data_dir,
+                                                                        tmp_path):
+    cfg = RewardConfig(init_from=str(start), max_steps=2, time_budget=0, group_size=2,
+                       requests_per_step=1, max_new_tokens=6, lr=1e-3,
+                       data_dir=str(sample_data_dir))
+    whole = train_reward(replace(cfg, out=str(tmp_path / "whole")))
+    train_reward(replace(cfg, out=str(tmp_path / "parts"), max_steps=1))
+    parts = train_reward(replace(cfg, out=str(tmp_path / "parts"), resume=True))
+    assert [r["reward"] for r in parts] == [r["reward"] for r in whole]
+    a, b = (load_checkpoint(tmp_path / name / "ckpt.pt") for name in ("whole", "parts"))
+    assert a["step"] == b["step"] == 2
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert not torch.equal(a["model"]["lm_head.weight"],
+                           load_checkpoint(start)["model"]["lm_head.weight"])  # it learned
+    model, ckpt = model_from_checkpoint(tmp_path / "whole" / "ckpt.pt", data_dir=sample_data_dir)
+    assert takes_requests(ckpt) and isinstance(model, GPT)
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        train_reward(replace(cfg, out=str(tmp_path / "whole")))
+
+
+def test_bad_settings_are_refused_before_any_work(capsys):
+    with pytest.raises(ValueError, match="group-size must be >= 2"):
+        RewardConfig(group_size=1)
+    with pytest.raises(SystemExit):
+        main(["--time-budget", "5m"])
+    assert "--init-from a checkpoint fine-tuned on requests" in capsys.readouterr().err
+
+
+def test_solutions():
+    assert ex18_reward.exercise_1_population_or_sample(2) == pytest.approx(2**0.5)
+    (measured_4, formula_4), (measured_16, formula_16) = ex18_reward.exercise_2_groups_that_agree()
+    assert measured_4 == pytest.approx(formula_4, abs=0.03) and formula_4 > 0.6
+    assert measured_16 == pytest.approx(formula_16, abs=0.03) and formula_16 < 0.2
+    plain, strict = ex18_reward.exercise_3_a_list_of_the_words()
+    assert plain == 1.0 and strict < plain
+
+
+# ----- step 17's additions for this step: requests from the first token, --measure -----
+
+
+def test_request_share_mixes_request_rows_and_plain_windows(sample_data_dir):
+    cfg = RequestConfig(preset="tiny", requests="derived", request_share=0.5,
+                       data_dir=str(sample_data_dir))
+    train_data, valid_data = (load_token_array(sample_data_dir / f"{s}.bin")
+                              for s in ("train", "valid"))
+    rows, valid = request_rows(cfg, train_data, valid_data, 64)
+    assert isinstance(rows, MixedRows) and valid is valid_data  # validation: plain stories
+    x, y = rows.get_batch(8, 64, generator=torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (8, 64)
+    assert (y[:4, 0] == -1).all()  # request rows: the request's targets are ignored
+    assert (y[4:] != -1).all() and torch.equal(y[4:, :-1], x[4:, 1:])  # windows: every target
+    again = rows.get_batch(8, 64, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again[0], x)  # the loop's generator draws them: resume draws the same
+    with pytest.raises(ValueError, match="request-share is the share of rows"):
+        replace(cfg, request_share=0.0)
+    with pytest.raises(ValueError, match="request-share is the share of rows"):
+        RequestConfig(request_share=0.5)  # no --requests to take them from
+
+
+def test_measure_line_says_what_the_story_did():
+    asked = {"words": ("dog", "moon", "brave"), "features": ("Dialogue",),
+             "sentence": "It was late.", "summary": None}
+    assert measure_line(asked, "The dogs saw the moon. It was late.") == (
+        "measured     words 2/3 (missed brave), sentence yes, dialogue none, asked")
+    assert measure_line(REQUEST, '"Hi," said the dog to the moon.') == (
+        "measured     words 2/2, dialogue written, not asked")
+
+
+def test_write_measure_prints_what_the_story_did_and_its_reward(start, sample_data_dir, capsys):
+    main(["write", "--checkpoint", str(start), "--words", "dog,moon", "--max-new-tokens", "8",
+          "--measure", "--data-dir", str(sample_data_dir), "--device", "cpu"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("measured     words ") and out[-2].endswith("not asked")
+    assert out[-1].startswith("reward       ") and 0 <= float(out[-1].split()[1]) <= 1
+    with pytest.raises(SystemExit):
+        main(["write", "--checkpoint", str(start), "--measure"])
+    assert "--measure scores a story against its request" in capsys.readouterr().err

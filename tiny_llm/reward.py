@@ -1,0 +1,353 @@
+"""Step 18: rewarding what was asked.
+
+Step 17 showed the model requests beside stories that fulfil them, and it learned to imitate
+them. Nothing checked what it wrote. Here a program checks every story (step 17's score_story)
+and the model learns from the checks, with GRPO (group relative policy optimization):
+
+    for each request, sample a group of G stories from the model itself
+    score each: the reward is the mean of the score_story fields the request asks for
+    advantage = (reward - the group's mean) / the group's standard deviation
+    loss = -mean over story tokens of advantage · log p(token) + kl_coef · KL(model || start)
+
+A story that beat its siblings becomes more likely, one that lost less likely; the KL term
+keeps the model near where it started, so that it goes on writing stories.
+
+Run the check:  uv run python -m tiny_llm.reward
+Train:          uv run python -m tiny_llm.reward --init-from runs/requests/ckpt.pt \
+                    --time-budget 5m --out runs/reward
+Measure one:    uv run python -m tiny_llm.reward write --checkpoint runs/reward/ckpt.pt \
+                    --words kite,beach,happy --measure
+"""
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tiny_llm.budget import parse_duration
+from tiny_llm.checkpoint import class_path, load_checkpoint, model_from_state, save_checkpoint
+from tiny_llm.data import ensure_data, load_token_array
+from tiny_llm.files import save_figure
+from tiny_llm.generate import generate
+from tiny_llm.generate import main as write_command
+from tiny_llm.gpt import GPT, GPTConfig
+from tiny_llm.instruct import (
+    RequestWriting,
+    derived_records,
+    parse_record,
+    render_request,
+    request_row,
+    takes_requests,
+)
+from tiny_llm.kvcache import fresh_cache
+from tiny_llm.paths import DATA_DIR
+from tiny_llm.request_data import free_request, measure_line, score_story
+from tiny_llm.tokenize import EOT, load_tokenizer
+
+
+def reward(request, story):
+    """One number in [0, 1]: the mean of the score_story fields that apply to the request.
+    Words dog, moon and no Dialogue; 'The dog slept.' -> words 0.5, dialogue 1.0 -> 0.75."""
+    scores = [v for v in score_story(request, story).values() if v is not None]
+    return sum(scores) / len(scores)
+
+
+def advantages(rewards):
+    """(N, G) rewards, G stories for each of N requests -> (N, G) advantages: each reward minus
+    its group's mean, over its group's standard deviation (of the G values, not of a sample);
+    a group whose stories all scored the same teaches nothing: 0.
+    [[1.0, 0.0, 0.5, 0.5]] -> [[1.414, -1.414, 0.0, 0.0]]"""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    spread = rewards.std(dim=1, correction=0, keepdim=True)
+    return torch.where(spread > 1e-6, centred / spread.clamp_min(1e-6), 0.0)
+
+
+@torch.no_grad()
+def sample_group(model, prompt, group_size, max_new_tokens, generator, eot_id=0):
+    """group_size stories for one prompt (a list of ids), each written by step 09's generate at
+    temperature 1 through one step-12 cache: a list of (story ids, ended with EOT or not)."""
+    idx = torch.tensor([prompt], device=next(model.parameters()).device)
+    cache, group = fresh_cache(model), []
+    for _ in range(group_size):
+        out = generate(model, idx, max_new_tokens, generator=generator, eot_id=eot_id,
+                       cache=cache)[0, len(prompt):].tolist()
+        ended = bool(out) and out[-1] == eot_id
+        group.append((out[:-1] if ended else out, ended))
+    return group
+
+
+def rollout_rows(prompt, group, eot_id, seq_len):
+    """x, y (G, seq_len) for a group, made by step 17's request_row: y is -1 on the request and
+    the padding. A story that ran out of tokens never wrote its EOT: that target is -1 too."""
+    x, y = (torch.stack(t) for t in zip(*(request_row(prompt, s, eot_id, seq_len)
+                                          for s, _ in group), strict=True))
+    for i, (story, ended) in enumerate(group):
+        if not ended:  # the prompt plus the story fit (max_new_tokens saw to it)
+            y[i, len(prompt) + len(story) - 1] = -1
+    return x, y
+
+
+def grpo_loss(model, reference, x, y, advantage, kl_coef):
+    """The loss of a batch of stories: x, y (B, T), advantage (B,). Over the story tokens
+    (y != -1): -advantage · log p(token), plus kl_coef times the KL divergence from the
+    reference model's next-token distribution to the model's. Returns (loss, mean KL)."""
+    mask = (y != -1).float()  # (B, T)
+    logp = F.log_softmax(model(x)[0].float(), dim=-1)  # (B, T, V)
+    with torch.no_grad():
+        ref_logp = F.log_softmax(reference(x)[0].float(), dim=-1)
+    taken = logp.gather(-1, y.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # (B, T) log p(target)
+    kl = (logp.exp() * (logp - ref_logp)).sum(dim=-1)  # (B, T), exact over the vocabulary
+    n = mask.sum().clamp_min(1.0)
+    policy = -(advantage[:, None] * taken * mask).sum() / n
+    kl_mean = (kl * mask).sum() / n
+    return policy + kl_coef * kl_mean, kl_mean.item()
+
+
+def reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot_id=0):
+    """One GRPO update on `prompts` (lists of ids): cfg.group_size stories each, scored by
+    score(i, story ids) -> [0, 1]. Returns the log's numbers: the mean reward, full (the share
+    of stories that did all they were asked: reward 1) and the KL to the reference."""
+    model.eval()  # no dropout: the log-probabilities are those the stories were drawn from
+    rows, rewards = [], []
+    for i, prompt in enumerate(prompts):
+        new = max(0, min(cfg.max_new_tokens, model.config.max_seq_len - len(prompt)))
+        group = sample_group(model, prompt, cfg.group_size, new, generator, eot_id)
+        rows.append(rollout_rows(prompt, group, eot_id, model.config.max_seq_len))
+        rewards.append([score(i, story) for story, _ in group])
+    rewards = torch.tensor(rewards)  # (N, G)
+    x, y = (torch.cat(t) for t in zip(*rows, strict=True))  # (N·G, T)
+    loss, kl = grpo_loss(model, reference, x, y, advantages(rewards).flatten(), cfg.kl_coef)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return {"reward": rewards.mean().item(), "full": (rewards == 1).float().mean().item(),
+            "kl": kl}
+
+
+@dataclass
+class RewardConfig:
+    """A reward run's settings; the checkpoint keeps them, so --resume needs none again."""
+
+    init_from: str = ""  # the model to start from: a checkpoint fine-tuned on requests
+    out: str = "runs/reward"  # folder of ckpt.pt
+    time_budget: float = 300.0  # seconds of updates (0: no budget; --max-steps ends the run)
+    max_steps: int = 0  # updates (0: as many as fit the time budget)
+    group_size: int = 8  # stories sampled for each request
+    requests_per_step: int = 2  # requests (groups) in one update
+    max_new_tokens: int = 96  # the longest story (less if the request leaves less room)
+    lr: float = 1e-4  # AdamW's learning rate, constant
+    kl_coef: float = 0.1  # the KL term's weight: 0 lets the model drift as far as it likes
+    free_share: float = 0.5  # the share of requests drawn from COMMON_WORDS, the rest derived
+    save_interval: int = 20  # save a checkpoint every this many updates (and at the end)
+    seed: int = 1337
+    data_dir: str = str(DATA_DIR)
+    resume: bool = False  # continue the run saved in out/ckpt.pt
+
+    def __post_init__(self):
+        if self.group_size < 2 or self.requests_per_step < 1 or not 0 <= self.free_share <= 1:
+            raise ValueError(f"--group-size must be >= 2 (an advantage needs siblings), "
+                             f"--requests-per-step >= 1, --free-share in [0, 1]; got "
+                             f"{self.group_size}, {self.requests_per_step}, {self.free_share}")
+
+
+def scorer(requests, tokenizer):
+    """score(i, story ids) for reward_step: the reward of the story written for request i."""
+    return lambda i, ids: reward(requests[i], tokenizer.decode(ids))
+
+
+def draw_requests(records, cfg, generator):
+    """cfg.requests_per_step requests: free ones (three COMMON_WORDS) with probability
+    cfg.free_share, else the derived request of a random training story."""
+    requests = []
+    for _ in range(cfg.requests_per_step):
+        pick, i = torch.rand(1, generator=generator).item(), torch.randint(10**9, (1,),
+                                                                          generator=generator)
+        requests.append(free_request(i.item(), cfg.seed) if pick < cfg.free_share
+                        else records[i.item() % len(records)][0])
+    return requests
+
+
+def save(path, model, optimizer, generator, step, cfg, start, records):
+    """An ordinary checkpoint (generate, evaluate, the studio and export read it) that keeps
+    the starting model's training settings, plus what a reward run resumes from."""
+    save_checkpoint(path, {
+        "model": model.state_dict(), "config": asdict(model.config), "step": step,
+        "model_class": class_path(model), "tokenizer_sha256": start["tokenizer_sha256"],
+        "data_source": start.get("data_source", "unknown"),
+        "train_config": start.get("train_config", {}),  # what it learned to read: requests
+        "reward": {"config": asdict(cfg), "optimizer": optimizer.state_dict(),
+                   "generator": generator.get_state(), "records": records}})
+
+
+def train_reward(cfg):
+    """Run (or with cfg.resume, continue) GRPO from cfg.init_from; returns the log records."""
+    ckpt_path = Path(cfg.out) / "ckpt.pt"
+    saved = load_checkpoint(ckpt_path, data_dir=cfg.data_dir) if cfg.resume else None
+    if saved is None and ckpt_path.exists():
+        raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
+                              "or pass another --out")
+    if saved:
+        cfg = replace(RewardConfig(**saved["reward"]["config"]), max_steps=cfg.max_steps or
+                      saved["reward"]["config"]["max_steps"], resume=True)
+    start = load_checkpoint(cfg.init_from, data_dir=cfg.data_dir)
+    if not takes_requests(start):
+        print(f"note: {cfg.init_from} was not trained on requests: GRPO starts from the stories "
+              "it writes zero-shot, which rarely use a requested word", file=sys.stderr)
+    torch.manual_seed(cfg.seed)
+    model, reference = model_from_state(saved or start), model_from_state(start).eval()
+    reference.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    records = []
+    if saved:
+        optimizer.load_state_dict(saved["reward"]["optimizer"])
+        generator.set_state(saved["reward"]["generator"])
+        records = saved["reward"]["records"]
+    tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
+    ensure_data(Path(cfg.data_dir))  # the first million tokens (5,000 stories) ask enough
+    stories = load_token_array(Path(cfg.data_dir) / "train.bin")[:1_000_000]
+    records_of_stories = derived_records(stories, tokenizer, model.config.max_seq_len, cfg.seed)
+    eot_id = tokenizer.token_to_id(EOT)
+    clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)
+    step, last_s = len(records), 0.0
+    while not cfg.max_steps or step < cfg.max_steps:
+        if cfg.time_budget and time.perf_counter() - clock + last_s > cfg.time_budget:
+            break  # the next update would end after the budget
+        t0 = time.perf_counter()
+        requests = draw_requests(records_of_stories, cfg, generator)
+        prompts = [tokenizer.encode(render_request(**r)).ids for r in requests]
+        score = scorer(requests, tokenizer)
+        log = reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot_id)
+        step, last_s = step + 1, time.perf_counter() - t0
+        records.append({"step": step, **log, "time_s": time.perf_counter() - clock})
+        print(f"{'step ' + str(step):<12} reward {log['reward']:.3f}  full {log['full']:.2f}  "
+              f"kl {log['kl']:.4f}", flush=True)
+        if step % cfg.save_interval == 0:
+            save(ckpt_path, model, optimizer, generator, step, cfg, start, records)
+    save(ckpt_path, model, optimizer, generator, step, cfg, start, records)
+    return records
+
+
+def toy_run(steps=30, kl_coef=0.05, seed=0):
+    """The check's demo: a tiny GPT over 8 tokens, asked with a one-token prompt [r] for r in
+    1..3, rewarded by the share of its 8-token story equal to r. Returns (reward before, after,
+    the KL to the start at the end), each a mean over the updates' groups."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=8, max_seq_len=16, d_model=32, n_layers=1, n_heads=2))
+    reference = GPT(model.config).eval().requires_grad_(False)
+    reference.load_state_dict(model.state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    cfg = replace(RewardConfig(), group_size=8, max_new_tokens=8, kl_coef=kl_coef)
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [[1], [2], [3]]
+    score = lambda i, ids: sum(t == prompts[i][0] for t in ids) / 8  # noqa: E731
+    logs = [reward_step(model, reference, optimizer, prompts, score, cfg, generator)
+            for _ in range(steps)]
+    return logs[0]["reward"], logs[-1]["reward"], logs[-1]["kl"]
+
+
+def check():
+    """The step's check: the reward's rules, the advantages of a group, the toy run."""
+    request = {"words": ("dog", "moon", "brave"), "features": (), "sentence": None,
+               "summary": None}
+    print(f"{'request':<12} {render_request(**request)!r}")
+    for story in ("The dog looked at the moon and smiled.", "Dog moon brave.",
+                  '"Look!" said the dog.'):
+        fields_ = ", ".join(f"{k} {v:.2f}" for k, v in score_story(request, story).items()
+                            if v is not None)
+        print(f"{'reward':<12} {reward(request, story):.3f} ({fields_})  {story!r}")
+    a = advantages(torch.tensor([[1.0, 0.75, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]])).tolist()
+    print(f"{'advantages':<12} {[round(x, 3) for x in a[0]]} and {a[1]} (a group that agrees)")
+    for kl_coef in (0.05, 1.0):  # a strong KL term holds the model where it started
+        before, after, kl = toy_run(kl_coef=kl_coef)
+        print(f"{'toy run':<12} kl_coef {kl_coef}: reward {before:.3f} -> {after:.3f} in 30 "
+              f"updates, KL to the start {kl:.3f}")
+
+
+def plot_rewards(records, path):
+    """Draw a run's reward curve (each update's mean reward, and the mean of the last 10)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, rewards = [r["step"] for r in records], [r["reward"] for r in records]
+    smooth = [sum(rewards[max(0, i - 9): i + 1]) / min(i + 1, 10) for i in range(len(rewards))]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(steps, rewards, color="lightgrey", label="each update's stories")
+    ax.plot(steps, smooth, color="tab:blue", label="mean of the last 10 updates")
+    ax.set_xlabel("update")
+    ax.set_ylabel("reward")
+    ax.legend()
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=100)
+
+
+class RewardWriting(RequestWriting):
+    """Step 17's write command; with --measure, what the story did and its reward."""
+
+    def add_flags(self, parser):
+        super().add_flags(parser)
+        parser.add_argument("--measure", action="store_true", help="print the story's reward")
+
+    def prompt(self, args):
+        if args.measure and not (args.words or args.features or args.sentence):
+            raise ValueError("--measure scores a story against its request: give --words "
+                             "(and --features, --sentence)")
+        return super().prompt(args)
+
+    def written(self, args, story):
+        if args.measure:
+            request = parse_record(args.prompt + story)[0]  # the request, as rendered
+            print(measure_line(request, story))
+            print(f"{'reward':<12} {reward(request, story):.3f}")
+
+
+def parse_args(argv):
+    """RewardConfig from the command line: every field is a flag (--time-budget 5m)."""
+    parser = argparse.ArgumentParser(description="Step 18: GRPO on requests.")
+    for f in fields(RewardConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type is bool or isinstance(f.default, bool):
+            parser.add_argument(flag, action="store_true")
+        else:
+            kind = parse_duration if f.name == "time_budget" else type(f.default)
+            parser.add_argument(flag, type=kind, default=f.default)
+    args = parser.parse_args(argv)
+    if not args.init_from and not args.resume:
+        parser.error("--init-from a checkpoint fine-tuned on requests (step 17) is needed")
+    try:
+        return RewardConfig(**vars(args))
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        return check()
+    if argv[0] == "write":  # a story for a request, measured with --measure
+        return write_command(argv[1:], RewardWriting())
+    if "--plot" in argv:  # --out RUN --plot PNG: draw the run's reward curve
+        plot = argparse.ArgumentParser(description="Draw a reward run's curve.")
+        plot.add_argument("--out", default=RewardConfig.out)
+        plot.add_argument("--plot", type=Path, required=True)
+        args = plot.parse_args(argv)
+        ckpt = load_checkpoint(Path(args.out) / "ckpt.pt")
+        print(f"{'saved':<12} {plot_rewards(ckpt['reward']['records'], args.plot)}")
+        return
+    cfg = parse_args(argv)
+    try:
+        records = train_reward(cfg)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    print(f"{'saved':<12} {Path(cfg.out) / 'ckpt.pt'} (step {len(records)})")
+
+
+if __name__ == "__main__":
+    main()
