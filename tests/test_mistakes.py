@@ -1,0 +1,96 @@
+"""The mistakes learners make in steps 04-10, planted: each test plants one in the finished code
+and runs the step's tests on it, as `workalong` does, and asserts that what a learner reads
+names that mistake, and not a neighbour's.
+
+A plant replaces one piece of a module's source (it must occur exactly once), loads the changed
+module in place of the real one for the test (every module that imported a name from it sees
+the planted one), then runs the chosen tests of the step's test file in this process and reads
+their failures through workalong's own report (workalong.note).
+"""
+
+import importlib
+import sys
+import types
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tiny_llm.course import workalong
+from tiny_llm.course.buildup import ROOT
+
+
+def plant(monkeypatch, module, old, new):
+    """Load tiny_llm.<module> with `old` replaced by `new`, in place of the real one."""
+    real = importlib.import_module(f"tiny_llm.{module}")
+    source = Path(real.__file__).read_text()
+    assert source.count(old) == 1, f"the mistake's piece occurs {source.count(old)} times in " \
+                                   f"tiny_llm/{module}.py: {old!r}"
+    planted = types.ModuleType(real.__name__)
+    planted.__file__ = real.__file__
+    exec(compile(source.replace(old, new), real.__file__, "exec"), planted.__dict__)
+    monkeypatch.setitem(sys.modules, real.__name__, planted)
+    monkeypatch.setattr(sys.modules["tiny_llm"], module, planted)
+    ours = {id(value): name for name, value in vars(real).items()
+            if getattr(value, "__module__", None) == real.__name__}
+    for loaded in list(sys.modules.values()):  # those that did `from tiny_llm.x import Name`
+        names = getattr(loaded, "__dict__", {})
+        if loaded is planted or loaded is real:
+            continue
+        for name, value in list(names.items()):
+            if id(value) in ours and ours[id(value)] == name:
+                monkeypatch.setattr(loaded, name, getattr(planted, name))
+
+
+def failures(tmp_path, test_file, *select):
+    """Run tests/`test_file` (narrowed by `-k` expression `select`) here: {test: what workalong
+    shows for it} of the tests that fail."""
+    report = tmp_path / "report.xml"
+    args = [str(ROOT / "tests" / test_file), "-q", "--tb=short", "-p", "no:cacheprovider", "-p", "no:xdist",
+            "-o", "addopts=", f"--junitxml={report}", "-o", "junit_family=xunit1",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    loaded = set(sys.modules)
+    try:
+        pytest.main(args + (["-k", " and ".join(select)] if select else []))
+    finally:  # a test module first imported here holds the planted names: forget it
+        for name in set(sys.modules) - loaded:
+            del sys.modules[name]
+    found = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        problem = case.find("failure")
+        problem = case.find("error") if problem is None else problem
+        if problem is not None:
+            found[case.get("name")] = workalong.note(problem)
+    return found
+
+
+def says(found, *words, never=()):
+    """Every failure's text names `words` (each, case-insensitive) and none of `never`."""
+    assert found, "the planted mistake passed every test"
+    for test, text in found.items():
+        low = text.lower()
+        for word in words:
+            assert word.lower() in low, f"{test} does not say {word!r}:\n{text}"
+        for word in never:
+            assert word.lower() not in low, f"{test} blames {word!r}:\n{text}"
+
+
+def test_embed_init_std_off(monkeypatch, tmp_path):
+    plant(monkeypatch, "embed", "std=0.02)", "std=0.2)")
+    says(failures(tmp_path, "test_embed.py"), "std", "std=0.02")
+
+
+def test_embed_positions_forgotten(monkeypatch, tmp_path):
+    plant(monkeypatch, "embed", "return x + self.pos_emb(pos)", "return x")
+    says(failures(tmp_path, "test_embed.py"), "pos_emb", never=["std"])
+
+
+def test_embed_positions_looked_up_by_token_id(monkeypatch, tmp_path):
+    plant(monkeypatch, "embed", "return x + self.pos_emb(pos)", "return x + self.pos_emb(idx)")
+    says(failures(tmp_path, "test_embed.py", "not bad_ids"), "pos_emb", "not with the token ids")
+
+
+def test_embed_positions_over_the_batch(monkeypatch, tmp_path):
+    plant(monkeypatch, "embed", "torch.arange(start, start + T,",
+          "torch.arange(start, start + idx.shape[0],")
+    says(failures(tmp_path, "test_embed.py", "not bad_ids"), "T = idx.shape[1]")
