@@ -69,10 +69,12 @@ def says(found, *words, never=()):
     assert found, "the planted mistake passed every test"
     for test, text in found.items():
         low = text.lower()
+        said = "\n".join(line for line in low.splitlines()  # what the test says, not its code
+                         if not line.startswith(("at ", "> ")))
         for word in words:
             assert word.lower() in low, f"{test} does not say {word!r}:\n{text}"
         for word in never:
-            assert word.lower() not in low, f"{test} blames {word!r}:\n{text}"
+            assert word.lower() not in said, f"{test} blames {word!r}:\n{text}"
 
 
 def test_embed_init_std_off(monkeypatch, tmp_path):
@@ -94,3 +96,44 @@ def test_embed_positions_over_the_batch(monkeypatch, tmp_path):
     plant(monkeypatch, "embed", "torch.arange(start, start + T,",
           "torch.arange(start, start + idx.shape[0],")
     says(failures(tmp_path, "test_embed.py", "not bad_ids"), "T = idx.shape[1]")
+
+
+MASK_05 = 'scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))  # exp(-inf) = 0'
+
+
+def test_attention_mask_missing(monkeypatch, tmp_path):
+    plant(monkeypatch, "attention", MASK_05, "pass")
+    says(failures(tmp_path, "test_attention.py"), "the causal mask is missing",
+         never=["after the softmax", "divided", "multiplied"])
+
+
+def test_attention_mask_after_the_softmax(monkeypatch, tmp_path):
+    plant(monkeypatch, "attention", MASK_05 + "\n        weights = F.softmax(scores, dim=-1)",
+          "pass\n        weights = F.softmax(scores, dim=-1)\n        if causal:\n"
+          "            weights = weights.masked_fill(~self.mask[:T, :T], 0.0)")
+    says(failures(tmp_path, "test_attention.py"), "after the softmax", never=["is missing"])
+
+
+def test_attention_scale_missing(monkeypatch, tmp_path):
+    plant(monkeypatch, "attention", "k.transpose(-2, -1) / math.sqrt(C)", "k.transpose(-2, -1)")
+    says(failures(tmp_path, "test_attention.py"), "not divided by sqrt(C)",
+         never=["mask is missing", "after the softmax"])
+
+
+def test_attention_scale_on_the_wrong_side(monkeypatch, tmp_path):
+    plant(monkeypatch, "attention", "k.transpose(-2, -1) / math.sqrt(C)",
+          "k.transpose(-2, -1) * math.sqrt(C)")
+    says(failures(tmp_path, "test_attention.py"), "multiplied by sqrt(C)",
+         never=["mask is missing", "after the softmax"])
+
+
+def test_attention_softmax_over_the_queries(monkeypatch, tmp_path):
+    plant(monkeypatch, "attention", "weights = F.softmax(scores, dim=-1)",
+          "weights = F.softmax(scores, dim=-2)")
+    says(failures(tmp_path, "test_attention.py"), "dim=-1", never=["mask is missing"])
+
+
+def test_attention_projection_forgotten(monkeypatch, tmp_path):
+    plant(monkeypatch, "attention", "out = self.proj(weights @ v)", "out = weights @ v")
+    says(failures(tmp_path, "test_attention.py"), "without proj",
+         never=["mask is missing", "after the softmax", "divided", "multiplied"])
