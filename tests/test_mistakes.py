@@ -20,12 +20,13 @@ from tiny_llm.course import workalong
 from tiny_llm.course.buildup import ROOT
 
 
-def plant(monkeypatch, module, old, new):
-    """Load tiny_llm.<module> with `old` replaced by `new`, in place of the real one."""
+def plant(monkeypatch, module, old, new, times=1):
+    """Load tiny_llm.<module> with `old` (found `times` times) replaced by `new`, in place of
+    the real one."""
     real = importlib.import_module(f"tiny_llm.{module}")
     source = Path(real.__file__).read_text()
-    assert source.count(old) == 1, f"the mistake's piece occurs {source.count(old)} times in " \
-                                   f"tiny_llm/{module}.py: {old!r}"
+    assert source.count(old) == times, f"the mistake's piece occurs {source.count(old)} times " \
+                                       f"in tiny_llm/{module}.py: {old!r}"
     planted = types.ModuleType(real.__name__)
     planted.__file__ = real.__file__
     exec(compile(source.replace(old, new), real.__file__, "exec"), planted.__dict__)
@@ -52,9 +53,11 @@ def failures(tmp_path, test_file, *select):
     loaded = set(sys.modules)
     try:
         pytest.main(args + (["-k", " and ".join(select)] if select else []))
-    finally:  # a test module first imported here holds the planted names: forget it
+    finally:  # a module of ours first imported here holds the planted names: forget it
+        ours = [str(ROOT / folder) for folder in ("tests", "solutions", "tiny_llm")]
         for name in set(sys.modules) - loaded:
-            del sys.modules[name]
+            if str(getattr(sys.modules[name], "__file__", None)).startswith(tuple(ours)):
+                del sys.modules[name]
     found = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         problem = case.find("failure")
@@ -137,3 +140,40 @@ def test_attention_projection_forgotten(monkeypatch, tmp_path):
     plant(monkeypatch, "attention", "out = self.proj(weights @ v)", "out = weights @ v")
     says(failures(tmp_path, "test_attention.py"), "without proj",
          never=["mask is missing", "after the softmax", "divided", "multiplied"])
+
+
+NOT_THE_HEADS = ["causal mask is missing", "after the softmax", "merged", "split", "divided"]
+
+
+def test_multihead_merge_without_the_transpose(monkeypatch, tmp_path):
+    """It was reported as broken causality."""
+    plant(monkeypatch, "multihead", "y = y.transpose(1, 2).contiguous().view(B, T, C)",
+          "y = y.contiguous().view(B, T, C)")
+    says(failures(tmp_path, "test_multihead.py", "not solutions"),
+         "merged without transposing back", never=NOT_THE_HEADS[:2] + NOT_THE_HEADS[3:])
+
+
+def test_multihead_split_by_view_alone(monkeypatch, tmp_path):
+    plant(monkeypatch, "multihead", ".view(B, T, self.n_heads, self.head_size).transpose(1, 2)",
+          ".reshape(B, self.n_heads, T, self.head_size)", times=3)  # view says: use reshape
+    says(failures(tmp_path, "test_multihead.py", "not solutions"), "split into heads by a view",
+         never=NOT_THE_HEADS[:3] + NOT_THE_HEADS[4:])
+
+
+def test_multihead_explicit_scale_by_d_model(monkeypatch, tmp_path):
+    plant(monkeypatch, "multihead", "/ math.sqrt(self.head_size)", "/ math.sqrt(self.d_model)")
+    says(failures(tmp_path, "test_multihead.py", "not solutions"),
+         "the explicit path: the scores are divided by sqrt(d_model)", never=NOT_THE_HEADS[:4])
+
+
+def test_multihead_explicit_mask_missing(monkeypatch, tmp_path):
+    plant(monkeypatch, "multihead", 'scores = scores.masked_fill(~self.mask[:T, :T], '
+          'float("-inf"))  # no looking ahead', "pass")
+    says(failures(tmp_path, "test_multihead.py", "not solutions"),
+         "the explicit path: the causal mask is missing", never=NOT_THE_HEADS[1:])
+
+
+def test_multihead_fast_path_not_causal(monkeypatch, tmp_path):
+    plant(monkeypatch, "multihead", "is_causal=Tq > 1", "is_causal=False")
+    says(failures(tmp_path, "test_multihead.py", "not solutions"),
+         "the fast (attend) path: the causal mask is missing", never=NOT_THE_HEADS[1:])
