@@ -25,8 +25,8 @@ def plant(monkeypatch, module, old, new, times=1):
     the real one."""
     real = importlib.import_module(f"tiny_llm.{module}")
     source = Path(real.__file__).read_text()
-    assert source.count(old) == times, f"the mistake's piece occurs {source.count(old)} times " \
-                                       f"in tiny_llm/{module}.py: {old!r}"
+    found = source.count(old)
+    assert found == times, f"the mistake's piece is {found} times in tiny_llm/{module}.py: {old!r}"
     planted = types.ModuleType(real.__name__)
     planted.__file__ = real.__file__
     exec(compile(source.replace(old, new), real.__file__, "exec"), planted.__dict__)
@@ -47,8 +47,8 @@ def failures(tmp_path, test_file, *select):
     """Run tests/`test_file` (narrowed by `-k` expression `select`) here: {test: what workalong
     shows for it} of the tests that fail."""
     report = tmp_path / "report.xml"
-    args = [str(ROOT / "tests" / test_file), "-q", "--tb=short", "-p", "no:cacheprovider", "-p", "no:xdist",
-            "-o", "addopts=", f"--junitxml={report}", "-o", "junit_family=xunit1",
+    args = [str(ROOT / "tests" / test_file), "-q", "--tb=short", "-p", "no:cacheprovider",
+            "-p", "no:xdist", "-o", "addopts=", f"--junitxml={report}", "-o", "junit_family=xunit1",
             "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     loaded = set(sys.modules)
     try:
@@ -177,3 +177,50 @@ def test_multihead_fast_path_not_causal(monkeypatch, tmp_path):
     plant(monkeypatch, "multihead", "is_causal=Tq > 1", "is_causal=False")
     says(failures(tmp_path, "test_multihead.py", "not solutions"),
          "the fast (attend) path: the causal mask is missing", never=NOT_THE_HEADS[1:])
+
+
+def test_block_residual_dropped(monkeypatch, tmp_path):
+    plant(monkeypatch, "block", "x = x + self.attn(self.ln_1(x), cache, layer)",
+          "x = self.attn(self.ln_1(x), cache, layer)")
+    says(failures(tmp_path, "test_block.py", "not solutions and not residual_stream"),
+         "the residual is dropped around attention", never=["post-norm", "skipped", "std"])
+
+
+def test_block_post_norm(monkeypatch, tmp_path):
+    plant(monkeypatch, "block", "x = x + self.attn(self.ln_1(x), cache, layer)\n"
+          "        x = x + self.mlp(self.ln_2(x))",
+          "x = self.ln_1(x + self.attn(x, cache, layer))\n        x = self.ln_2(x + self.mlp(x))")
+    says(failures(tmp_path, "test_block.py", "not solutions and not residual_stream"),
+         "post-norm", never=["dropped", "skipped", "std"])
+
+
+def test_layernorm_over_the_wrong_axis(monkeypatch, tmp_path):
+    plant(monkeypatch, "block", "return F.layer_norm(x, self.weight.shape, self.weight, "
+          "self.bias, self.eps)", "mean = x.mean(dim=-2, keepdim=True)\n"
+          "        var = x.var(dim=-2, keepdim=True, unbiased=False)\n"
+          "        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias")
+    says(failures(tmp_path, "test_block.py", "layernorm or fused"), "over dim -2",
+         never=["unbiased", "eps is added", "not applied"])
+
+
+def test_layernorm_unbiased_variance(monkeypatch, tmp_path):
+    plant(monkeypatch, "block", "var = x.var(dim=-1, keepdim=True, unbiased=False)",
+          "var = x.var(dim=-1, keepdim=True)")
+    says(failures(tmp_path, "test_block.py", "layernorm or fused"), "unbiased=False",
+         never=["over dim", "eps is added"])
+
+
+def test_init_std_off_is_not_blamed_on_the_diff(monkeypatch, tmp_path):
+    """It was reported as "attn.proj is not marked residual_output: apply step 07's diff"."""
+    plant(monkeypatch, "block", "std=0.02 / math.sqrt(2 * n_layers)",
+          "std=0.02 / math.sqrt(n_layers)")
+    says(failures(tmp_path, "test_block.py", "smaller_std"),
+         "is marked residual_output, but starts with std", "the 2 of 2·n_layers is missing",
+         never=["is not marked", "apply step 07's diff"])
+
+
+def test_the_forgotten_diff_to_multihead_is_named(monkeypatch, tmp_path):
+    plant(monkeypatch, "multihead", "        self.proj.residual_output = True  # added onto the "
+          "residual stream: step 07's init_weights\n", "")
+    says(failures(tmp_path, "test_block.py", "smaller_std"),
+         "attn.proj is not marked residual_output: apply step 07's diff")

@@ -109,9 +109,10 @@ def test_the_heads_are_split_and_merged_at_their_positions():
         attn.use_sdpa = use_sdpa
         out = attn(x)
         path = "fast (attend)" if use_sdpa else "explicit"
-        torch.testing.assert_close(out, by_hand(attn, x), atol=1e-5, rtol=0, msg=lambda m: (
-            f"the {path} path is not the heads' attention side by side"
-            f"{seen(attn, x, out, f'the {path} path: ')}\n{m}"))
+        why = (f"the {path} path is not the heads' attention side by side"
+               f"{seen(attn, x, out, f'the {path} path: ')}")
+        torch.testing.assert_close(out, by_hand(attn, x), atol=1e-5, rtol=0,
+                                   msg=lambda m, why=why: f"{why}\n{m}")
 
 
 def test_heads_split_the_model_dimension_and_parameters_follow_the_formula():
