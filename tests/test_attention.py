@@ -148,7 +148,8 @@ def test_attention_map_is_written(tmp_path):
 
 def test_solutions():
     torch.manual_seed(0)
-    why = seen(CausalSelfAttention(16, 8), torch.randn(1, 8, 16))  # your head's mistake, if any
+    head, x = CausalSelfAttention(16, 8), torch.randn(1, 8, 16)
+    why = seen(head, x, out=head(x))  # your head's mistake, if it makes one
     assert ex05_attention.exercise_1_shapes_and_parameters() == (16_640, (2, 12, 12),
                                                                  1_048_576), why
     without, with_positions = ex05_attention.exercise_2_order_blindness()
@@ -158,4 +159,4 @@ def test_solutions():
     for C, (raw, scaled) in stds.items():
         assert raw == pytest.approx(math.sqrt(C), rel=0.05) and scaled == pytest.approx(1, rel=0.05)
     masked, unmasked = ex05_attention.exercise_5_the_mask_stops_leaks()
-    assert masked == 0.0 and unmasked > 0.01, f"exercise 5: with the mask the future leaks{why}"
+    assert masked == 0.0 and unmasked > 0.01, f"exercise 5: the mask does not stop leaks{why}"
