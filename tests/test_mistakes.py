@@ -2,12 +2,13 @@
 and runs the step's tests on it, as `workalong` does, and asserts that what a learner reads
 names that mistake, and not a neighbour's.
 
-A plant replaces one piece of a module's source (it must occur exactly once), loads the changed
-module in place of the real one for the test (every module that imported a name from it sees
-the planted one), then runs the chosen tests of the step's test file in this process and reads
-their failures through workalong's own report (workalong.note).
+A plant replaces one piece of a module's source (it must occur exactly once) and puts each
+function or method that this changes in place of the real one for the test; then the chosen
+tests of the step's test file run in this process, and their failures are read through
+workalong's own report (workalong.note), as a learner sees them.
 """
 
+import ast
 import importlib
 import sys
 import types
@@ -21,26 +22,39 @@ from tiny_llm.course.buildup import ROOT
 
 
 def plant(monkeypatch, module, old, new, times=1):
-    """Load tiny_llm.<module> with `old` (found `times` times) replaced by `new`, in place of
-    the real one."""
+    """Put a mistake in tiny_llm.<module>: `old` (found `times` times) becomes `new`, and each
+    function or method whose code that changes is replaced, in place, by the changed one (the
+    classes and every other object stay the ones all modules already hold)."""
     real = importlib.import_module(f"tiny_llm.{module}")
     source = Path(real.__file__).read_text()
     found = source.count(old)
     assert found == times, f"the mistake's piece is {found} times in tiny_llm/{module}.py: {old!r}"
-    planted = types.ModuleType(real.__name__)
-    planted.__file__ = real.__file__
-    exec(compile(source.replace(old, new), real.__file__, "exec"), planted.__dict__)
-    monkeypatch.setitem(sys.modules, real.__name__, planted)
-    monkeypatch.setattr(sys.modules["tiny_llm"], module, planted)
-    ours = {id(value): name for name, value in vars(real).items()
-            if getattr(value, "__module__", None) == real.__name__}
-    for loaded in list(sys.modules.values()):  # those that did `from tiny_llm.x import Name`
-        names = getattr(loaded, "__dict__", {})
-        if loaded is planted or loaded is real:
+    changed = source.replace(old, new)
+    namespace = {"__name__": real.__name__, "__file__": real.__file__}
+    exec(compile(changed, real.__file__, "exec"), namespace)
+    before = {name: ast.dump(node) for name, node in workalong.bodies(ast.parse(source))}
+    planted = 0
+    for name, node in workalong.bodies(ast.parse(changed)):
+        if before.get(name) == ast.dump(node):
             continue
-        for name, value in list(names.items()):
-            if id(value) in ours and ours[id(value)] == name:
-                monkeypatch.setattr(loaded, name, getattr(planted, name))
+        owner_name, _, attr = name.rpartition(".")
+        owner = getattr(real, owner_name) if owner_name else real
+        made = (vars(namespace[owner_name]) if owner_name else namespace)[attr]
+        cells = tuple(types.CellType(owner) if var == "__class__" else cell  # super() works
+                      for var, cell in zip(made.__code__.co_freevars, made.__closure__ or (),
+                                           strict=True))
+        fn = types.FunctionType(made.__code__, vars(real), attr, made.__defaults__,
+                                cells or None)
+        fn.__kwdefaults__, fn.__qualname__ = made.__kwdefaults__, made.__qualname__
+        original = getattr(owner, attr)
+        monkeypatch.setattr(owner, attr, fn)
+        if not owner_name:  # a function: also where `from tiny_llm.x import f` put it
+            for loaded in list(sys.modules.values()):
+                for key, value in list(getattr(loaded, "__dict__", {}).items()):
+                    if value is original and loaded is not real:
+                        monkeypatch.setattr(loaded, key, fn)
+        planted += 1
+    assert planted, f"the change to tiny_llm/{module}.py is outside every function"
 
 
 def failures(tmp_path, test_file, *select):
@@ -53,8 +67,8 @@ def failures(tmp_path, test_file, *select):
     loaded = set(sys.modules)
     try:
         pytest.main(args + (["-k", " and ".join(select)] if select else []))
-    finally:  # a module of ours first imported here holds the planted names: forget it
-        ours = [str(ROOT / folder) for folder in ("tests", "solutions", "tiny_llm")]
+    finally:  # a test module first imported here may hold a planted function: forget it
+        ours = [str(ROOT / folder) for folder in ("tests", "solutions")]
         for name in set(sys.modules) - loaded:
             if str(getattr(sys.modules[name], "__file__", None)).startswith(tuple(ours)):
                 del sys.modules[name]
@@ -72,8 +86,13 @@ def says(found, *words, never=()):
     assert found, "the planted mistake passed every test"
     for test, text in found.items():
         low = text.lower()
-        said = "\n".join(line for line in low.splitlines()  # what the test says, not its code
-                         if not line.startswith(("at ", "> ")))
+        said = []  # what the test says: not its code, nor pytest's account of the values
+        for line in low.splitlines():
+            if line.startswith(("assert ", "+ ", "comparison failed")):
+                break
+            if not line.startswith(("at ", "> ")):
+                said.append(line)
+        said = "\n".join(said)
         for word in words:
             assert word.lower() in low, f"{test} does not say {word!r}:\n{text}"
         for word in never:
@@ -224,3 +243,41 @@ def test_the_forgotten_diff_to_multihead_is_named(monkeypatch, tmp_path):
           "residual stream: step 07's init_weights\n", "")
     says(failures(tmp_path, "test_block.py", "smaller_std"),
          "attn.proj is not marked residual_output: apply step 07's diff")
+
+
+LOSS_08 = "loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)"
+
+
+def test_gpt_targets_shifted_again(monkeypatch, tmp_path):
+    plant(monkeypatch, "gpt", LOSS_08, "loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), "
+          "targets[:, 1:].flatten(), ignore_index=-1)")
+    says(failures(tmp_path, "test_gpt.py", "loss or minus_one"), "shifted again",
+         never=["summed", "ignore_index=-1 to"])
+
+
+def test_gpt_ignore_index_missing(monkeypatch, tmp_path):
+    plant(monkeypatch, "gpt", LOSS_08, LOSS_08.replace(", ignore_index=-1", ""))
+    says(failures(tmp_path, "test_gpt.py"), "ignore_index=-1", never=["shifted", "summed"])
+
+
+def test_gpt_final_norm_skipped(monkeypatch, tmp_path):
+    plant(monkeypatch, "gpt", "return self.lm_head(self.ln_f(x))", "return self.lm_head(x)")
+    says(failures(tmp_path, "test_gpt.py", "not memorises"), "ln_f is skipped")
+
+
+def test_gpt_weights_not_tied(monkeypatch, tmp_path):
+    plant(monkeypatch, "gpt", "self.lm_head.weight = self.embed.tok_emb.weight", "pass")
+    says(failures(tmp_path, "test_gpt.py", "tied or tying or head_weight"), "tie them",
+         never=["ln_f", "shifted"])
+
+
+def test_gpt_one_block_repeated(monkeypatch, tmp_path):
+    plant(monkeypatch, "gpt", "[self.make_block(c) for _ in range(c.n_layers)]",
+          "[self.make_block(c)] * c.n_layers")
+    says(failures(tmp_path, "test_gpt.py", "parameter_counts"), "one Block repeated")
+
+
+def test_gpt_check_targets_forgotten(monkeypatch, tmp_path):
+    plant(monkeypatch, "gpt", "        check_targets(idx, targets, self.config.vocab_size, "
+          'values=targets.device.type == "cpu")\n', "")
+    says(failures(tmp_path, "test_gpt.py", "checks_its_targets"), "targets shape")
