@@ -281,3 +281,48 @@ def test_gpt_check_targets_forgotten(monkeypatch, tmp_path):
     plant(monkeypatch, "gpt", "        check_targets(idx, targets, self.config.vocab_size, "
           'values=targets.device.type == "cpu")\n', "")
     says(failures(tmp_path, "test_gpt.py", "checks_its_targets"), "targets shape")
+
+
+def test_top_k_by_comparison_keeps_ties(monkeypatch, tmp_path):
+    plant(monkeypatch, "generate", "    values, indices = torch.topk(logits, top_k, dim=-1)\n"
+          '    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)',
+          "    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]\n"
+          '    return logits.masked_fill(logits < kth, float("-inf"))')
+    says(failures(tmp_path, "test_generate.py", "top_k"), "keeps every tie")
+
+
+def test_top_k_not_clamped(monkeypatch, tmp_path):
+    plant(monkeypatch, "generate", "    top_k = min(top_k, logits.shape[-1])", "    pass")
+    says(failures(tmp_path, "test_generate.py", "top_k_keeps"), "clamp top_k")
+
+
+def test_top_p_counts_the_token_itself(monkeypatch, tmp_path):
+    plant(monkeypatch, "generate", "mass_before = probs.cumsum(dim=-1) - probs",
+          "mass_before = probs.cumsum(dim=-1)")
+    says(failures(tmp_path, "test_generate.py", "top_p_keeps"), "ranked above it",
+         never=["too many"])
+
+
+def test_top_p_off_by_one_at_the_edge(monkeypatch, tmp_path):
+    plant(monkeypatch, "generate", "masked_fill(mass_before >= top_p,",
+          "masked_fill(mass_before > top_p,")
+    says(failures(tmp_path, "test_generate.py", "top_p_keeps"), "one token too many",
+         never=["ranked above it"])
+
+
+def test_top_p_left_sorted(monkeypatch, tmp_path):
+    plant(monkeypatch, "generate", '    return torch.full_like(logits, float("-inf")).scatter('
+          "-1, order, sorted_logits)", "    return sorted_logits")
+    says(failures(tmp_path, "test_generate.py", "unsorted"), "in sorted order")
+
+
+def test_temperature_multiplied(monkeypatch, tmp_path):
+    plant(monkeypatch, "generate", "logits = logits.float() / temperature",
+          "logits = logits.float() * temperature")
+    says(failures(tmp_path, "test_generate.py", "temperature"), "do not multiply")
+
+
+def test_context_not_cropped(monkeypatch, tmp_path):
+    plant(monkeypatch, "generate", "logits, _ = model(idx[:, -M:])  # the whole context",
+          "logits, _ = model(idx)  # the whole context")
+    says(failures(tmp_path, "test_generate.py", "cropped"), "idx[:, -max_seq_len:]")
