@@ -326,3 +326,27 @@ def test_context_not_cropped(monkeypatch, tmp_path):
     plant(monkeypatch, "generate", "logits, _ = model(idx[:, -M:])  # the whole context",
           "logits, _ = model(idx)  # the whole context")
     says(failures(tmp_path, "test_generate.py", "cropped"), "idx[:, -max_seq_len:]")
+
+
+def test_accumulation_without_the_division(monkeypatch, tmp_path):
+    plant(monkeypatch, "train", "scaler.scale(loss / cfg.grad_accum).backward()",
+          "scaler.scale(loss).backward()")
+    says(failures(tmp_path, "test_train.py", "accumulation"), "divide each micro-batch's loss")
+
+
+def test_warmup_from_zero(monkeypatch, tmp_path):
+    plant(monkeypatch, "train", "return max_lr * (step + 1) / warmup_steps",
+          "return max_lr * step / warmup_steps")
+    says(failures(tmp_path, "test_train.py", "lr_"), "lr_at(0) is 0")
+
+
+def test_cosine_to_zero(monkeypatch, tmp_path):
+    plant(monkeypatch, "train", "return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * "
+          "(max_lr - min_lr)", "return 0.5 * (1 + math.cos(math.pi * progress)) * max_lr")
+    says(failures(tmp_path, "test_train.py", "cosine"), "runs down to 0", never=["warm up"])
+
+
+def test_weight_decay_on_everything(monkeypatch, tmp_path):
+    plant(monkeypatch, "train", '[p for p in params if p.dim() >= 2], "weight_decay"',
+          '[p for p in params if p.dim() >= 1], "weight_decay"')
+    says(failures(tmp_path, "test_train.py", "weight_decay"), "decay only the matrices")

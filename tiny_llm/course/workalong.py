@@ -537,7 +537,7 @@ def note(problem, full=False):
     if full:
         return text
     traceback = text.splitlines()
-    ends = [n for n, line in enumerate(traceback) if line.startswith("E ")]
+    ends = [n for n, line in enumerate(traceback) if line.startswith("E ") or line == "E"]
     if not ends:
         return (problem.get("message") or "").strip().splitlines()[0][:300]
     first = ends[-1]
@@ -545,7 +545,7 @@ def note(problem, full=False):
         first -= 1
     where = [line for line in traceback[:first] if re.match(r"^\S.*:\d+: in ", line)]
     lines = [f"at {where[-1]}" if where else "", f"> {traceback[first - 1].strip()}"]
-    lines += [line[2:].strip() for line in traceback[first : ends[-1] + 1]][:16]
+    lines += [line[2:].strip() for line in traceback[first : ends[-1] + 1]][:16]  # the error
     expected = re.findall(r"match=(r?['\"].*?['\"])\)?:?$", text, re.M)
     if "DID NOT RAISE" in text and expected:
         lines.append(f"the test expects an error matching {expected[-1]}")
