@@ -380,11 +380,11 @@ def test_a_second_run_on_the_same_folder_waits_its_turn(tmp_path, capsys):
 def test_the_build_is_reused_while_the_same_files_are_linked(tmp_path):
     (tmp_path / "embed.py").write_text("# mine\n")
     where = workalong.build(5, tmp_path)
-    (where / "report.xml").write_text("kept\n")
-    assert workalong.build(5, tmp_path) == where and (where / "report.xml").exists()
+    (where / "notes.txt").write_text("kept\n")
+    assert workalong.build(5, tmp_path) == where and (where / "notes.txt").exists()
     (tmp_path / "attention.py").write_text("# mine too\n")  # one more of yours: built again
     workalong.build(5, tmp_path)
-    assert not (where / "report.xml").exists()
+    assert not (where / "notes.txt").exists()
     assert (where / "tiny_llm" / "attention.py").resolve() == (tmp_path / "attention.py").resolve()
 
 
@@ -414,3 +414,13 @@ def test_a_dir_that_is_a_file_is_refused_in_a_sentence(tmp_path, capsys):
         workalong.main(["05", "--dir", str(tmp_path / "notes")])
     assert f"--dir {tmp_path / 'notes'} is a file: give the folder" in capsys.readouterr().err
     assert (tmp_path / "notes").read_text() == "mine\n"
+
+
+def test_a_kept_builds_last_report_is_never_read_as_this_runs(tmp_path):
+    (tmp_path / "embed.py").write_text(buildup.state(4)["embed.py"])
+    where = workalong.build(4, tmp_path)
+    (where / "report.xml").write_text('<testsuite><testcase name="old"/></testsuite>')
+    (where / "tests").unlink()  # pytest finds no tests folder now: no report of its own
+    (where / "tests").mkdir()
+    code, results = workalong.run_tests(where, "embed")
+    assert code != 0 and [name for name, *_ in results] == ["collecting the tests"]

@@ -352,7 +352,10 @@ def changed_since_written(folder):
     written = {path: digest for digest, path in (line.split("  ", 1) for line in lines
                                                  if "  " in line)}
     if not written:  # a marker from before the list: nothing can be told apart, so all count
-        return sorted(manifest(folder))
+        raise SystemExit(f"{folder} was written by an older workalong, which kept no list of "
+                         "what it wrote, so your edits there cannot be told apart: nothing in it "
+                         "was touched. Pick a new or empty folder for --out, or move this one "
+                         "away.")
     return [path for path, digest in manifest(folder).items() if written.get(path) != digest]
 
 
@@ -509,6 +512,7 @@ def diff_lines(hunk):
 def run_tests(where, module, extra=(), timeout=TIMEOUT):
     """Run tests/test_<module>.py in the build folder: (exit code, [(test, passed, note)])."""
     report = Path(where).absolute() / "report.xml"  # pytest runs in `where`: a path from here
+    report.unlink(missing_ok=True)  # a kept build holds the last run's: never read it as this one's
     argv = ["-m", "pytest", f"tests/test_{module}.py", "-n", "0", "-q", "--tb=short", "-p",
             "no:cacheprovider", f"--junitxml={report}", "-o", "junit_family=xunit1", *extra]
     try:
@@ -524,6 +528,9 @@ def run_tests(where, module, extra=(), timeout=TIMEOUT):
         problem = case.find("failure")
         problem = case.find("error") if problem is None else problem
         results.append((case.get("name"), problem is None, note(problem, show_full(extra))))
+    if not results and proc.returncode:  # no test ran: pytest's own words say why
+        output = (proc.stdout + proc.stderr)[-1500:].strip()
+        return proc.returncode, [("collecting the tests", False, output)]
     return proc.returncode, results
 
 
