@@ -2,6 +2,7 @@
 
     uv run workalong 05 --plan    # what step 05 asks of you, and where
     uv run workalong 05           # make mine/attention.py, test it, check it
+    uv run workalong 05 --tests   # only the step's tests: the quick loop while you write
     uv run workalong 05 --run -- python scripts/smoke_test.py  # on your code
     uv run workalong --state 05 --out DIR   # the package after step 05
 
@@ -12,12 +13,14 @@ else the paragraph that introduces its code), not its code. And where a later ch
 module you wrote earlier (step 12 gives attention a cache), you apply the chapter's diff to your
 own file.
 
-Each run builds the package as it stands at the step in `mine/.build/`, afresh: the folder is
-deleted and written again (it holds a marker, MARKER, so nothing else is ever deleted), with the
-course's state at that step and every module you have written (`mine/<module>.py` of this step
-or an earlier one) linked in its place. Then it runs the step's tests there, and the chapter's
-checks, and compares what they print with the chapter; each command is stopped after
-`--timeout` seconds. `--run -- python ...` runs any course command on that build, from where
+Each run builds the package as it stands at the step in `mine/.build/`: the course's state at
+that step with every module you have written (`mine/<module>.py` of this step or an earlier
+one) linked in its place. The folder is deleted and written again when the step or the set of
+your files changed (it holds a marker, MARKER, so nothing else is ever deleted), and kept
+otherwise. A run holds `mine/.build.lock` meanwhile, so that a second run on the same folder
+waits its turn instead of rebuilding under the first. Then it runs the step's tests there and
+shows each failure's line, values and message; and the chapter's checks, comparing what they
+print with the chapter, line by line; each command is stopped after `--timeout` seconds. `--run -- python ...` runs any course command on that build, from where
 you are. Your files are only ever read: the one file a run writes in `mine/` is a step's
 skeleton where you have none yet; `--fresh` writes a new skeleton beside yours
 (`mine/attention.fresh.py`) and leaves yours exactly as it is.
