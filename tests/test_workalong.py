@@ -357,7 +357,7 @@ def test_workalong_prints_the_changes_to_earlier_files_it_asks_for(tmp_path, cap
     assert capsys.readouterr().out.rstrip().endswith(": applied")
 
 
-def test_a_second_run_on_the_same_folder_waits_its_turn(tmp_path, capsys):
+def test_a_second_run_on_the_same_folder_is_refused_while_the_first_holds_it(tmp_path, capsys):
     """Issue 36, BAD 4: a second run deleted mine/.build under the first one."""
     (tmp_path / "embed.py").write_text(buildup.state(4)["embed.py"])
     first = subprocess.Popen(["sleep", "30"])

@@ -17,11 +17,11 @@ Each run builds the package as it stands at the step in `mine/.build/`: the cour
 that step with every module you have written (`mine/<module>.py` of this step or an earlier
 one) linked in its place. The folder is deleted and written again when the step or the set of
 your files changed (it holds a marker, MARKER, so nothing else is ever deleted), and kept
-otherwise. A run holds `mine/.build.lock` meanwhile, so that a second run on the same folder
-waits its turn instead of rebuilding under the first. Then it runs the step's tests there and
-shows each failure's line, values and message; and the chapter's checks, comparing what they
-print with the chapter, line by line; each command is stopped after `--timeout` seconds. `--run -- python ...` runs any course command on that build, from where
-you are. Your files are only ever read: the one file a run writes in `mine/` is a step's
+otherwise. A run holds `mine/.build.lock` meanwhile: a second run on the same folder stops and
+says so instead of rebuilding under the first. Then it runs the step's tests there and shows
+each failure's line, values and message, and the chapter's checks, comparing what they print
+with the chapter line by line; each command is stopped after `--timeout` seconds.
+`--run -- python ...` runs any course command on that build, from where you are. Your files are only ever read: the one file a run writes in `mine/` is a step's
 skeleton where you have none yet; `--fresh` writes a new skeleton beside yours
 (`mine/attention.fresh.py`) and leaves yours exactly as it is.
 """
