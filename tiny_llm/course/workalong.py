@@ -21,9 +21,10 @@ otherwise. A run holds `mine/.build.lock` meanwhile: a second run on the same fo
 says so instead of rebuilding under the first. Then it runs the step's tests there and shows
 each failure's line, values and message, and the chapter's checks, comparing what they print
 with the chapter line by line; each command is stopped after `--timeout` seconds.
-`--run -- python ...` runs any course command on that build, from where you are. Your files are only ever read: the one file a run writes in `mine/` is a step's
-skeleton where you have none yet; `--fresh` writes a new skeleton beside yours
-(`mine/attention.fresh.py`) and leaves yours exactly as it is.
+`--run -- python ...` runs any course command on that build, from where you are. Your files
+are only ever read: the one file a run writes in `mine/` is a step's skeleton where you have
+none yet; `--fresh` writes a new skeleton beside yours (`mine/attention.fresh.py`) and leaves
+yours exactly as it is.
 """
 
 import argparse
