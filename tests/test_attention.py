@@ -13,6 +13,45 @@ def attn():
     return CausalSelfAttention(d_model=16, max_seq_len=8)
 
 
+def seen(attn, x, weights=None, out=None):
+    """Name the mistake the head's weights (or output) show on input x: ": ..." or ""."""
+    with torch.no_grad():
+        q, k, v = attn.query(x), attn.key(x), attn.value(x)
+        raw, T = q @ k.transpose(-2, -1), x.shape[1]
+        future = ~attn.mask[:T, :T]
+        C = x.shape[-1]
+
+        def masked(scores):
+            return scores.masked_fill(future, float("-inf"))
+
+        right = torch.softmax(masked(raw / math.sqrt(C)), dim=-1)
+        mistakes = [
+            (torch.softmax(raw / math.sqrt(C), dim=-1),
+             "the causal mask is missing: set the scores where mask[:T, :T] is False to -inf"),
+            (torch.softmax(raw / math.sqrt(C), dim=-1).masked_fill(future, 0.0),
+             "the mask is applied after the softmax, so rows no longer sum to 1: set the scores "
+             "to -inf before it"),
+            (torch.softmax(masked(raw), dim=-1), "the scores are not divided by sqrt(C)"),
+            (torch.softmax(masked(raw * math.sqrt(C)), dim=-1),
+             "the scores are multiplied by sqrt(C): divide them by it"),
+            (torch.softmax(masked(raw / C), dim=-1),
+             "the scores are divided by C: divide them by sqrt(C)"),
+            (torch.softmax(masked(raw / math.sqrt(C)), dim=-2).nan_to_num(0.0),
+             "the softmax runs over dim -2 (the queries): take it over dim=-1, the keys, so "
+             "each row sums to 1"),
+        ]
+        if weights is None:
+            weights = attn(x, return_weights=True)[1]
+        if out is not None and torch.allclose(weights, right, atol=1e-6):
+            if torch.allclose(out, right @ v, atol=1e-6):
+                return ": the output is weights @ v without proj: return self.proj(weights @ v)"
+            return ""
+        for wrong, said in mistakes:
+            if weights.shape == wrong.shape and torch.allclose(weights, wrong, atol=1e-6):
+                return f": {said}"
+    return ""
+
+
 def test_shapes_and_parameters(attn):
     x = torch.randn(3, 5, 16)
     out, weights = attn(x, return_weights=True)
@@ -22,10 +61,14 @@ def test_shapes_and_parameters(attn):
 
 
 def test_rows_sum_to_one_and_the_future_gets_nothing(attn):
-    _, weights = attn(torch.randn(2, 8, 16), return_weights=True)
-    assert torch.allclose(weights.sum(dim=-1), torch.ones(2, 8))
-    assert torch.equal(weights.triu(diagonal=1), torch.zeros(2, 8, 8))
-    assert torch.equal(weights[:, 0, 0], torch.ones(2))  # position 0 can only look at itself
+    x = torch.randn(2, 8, 16)
+    _, weights = attn(x, return_weights=True)
+    why = seen(attn, x, weights)
+    assert torch.allclose(weights.sum(dim=-1), torch.ones(2, 8)), f"rows do not sum to 1{why}"
+    assert torch.equal(weights.triu(diagonal=1), torch.zeros(2, 8, 8)), (
+        f"positions take weight from later positions{why}")
+    assert torch.equal(weights[:, 0, 0], torch.ones(2)), (  # position 0 can only see itself
+        f"position 0 does not put all its weight on itself{why}")
 
 
 def test_changing_a_later_position_leaves_earlier_outputs_alone(attn):
@@ -33,22 +76,28 @@ def test_changing_a_later_position_leaves_earlier_outputs_alone(attn):
     changed = x.clone()
     changed[:, 5] += 1.0
     before, after = attn(x), attn(changed)
-    assert torch.equal(before[:, :5], after[:, :5])
+    assert torch.equal(before[:, :5], after[:, :5]), (
+        f"changing position 5 changed the outputs at 0..4{seen(attn, x, out=before)}")
     assert (before[:, 5:] - after[:, 5:]).abs().max() > 1e-3
 
 
 def test_without_the_mask_shuffling_the_input_shuffles_the_output(attn):
     x = torch.randn(1, 8, 16)
     perm = torch.randperm(8)
-    assert torch.allclose(attn(x[:, perm], causal=False), attn(x, causal=False)[:, perm], atol=1e-6)
+    assert torch.allclose(attn(x[:, perm], causal=False), attn(x, causal=False)[:, perm],
+                          atol=1e-6), "with causal=False, attention is not order-blind: " \
+                                      "mask the scores only when causal is true"
     # with the mask it is not a plain shuffle: position t sees only what came before it
-    assert not torch.allclose(attn(x[:, perm]), attn(x)[:, perm], atol=1e-3)
+    assert not torch.allclose(attn(x[:, perm]), attn(x)[:, perm], atol=1e-3), (
+        f"with the mask, shuffling the input only shuffles the output{seen(attn, x)}")
 
 
 def test_with_the_mask_the_last_position_sees_a_set(attn):
     x = torch.randn(1, 8, 16)
     shuffle = torch.tensor([3, 0, 6, 1, 5, 2, 4, 7])  # earlier positions shuffled, last stays
-    assert torch.allclose(attn(x[:, shuffle])[:, -1], attn(x)[:, -1], atol=1e-6)
+    out = attn(x)
+    assert torch.allclose(attn(x[:, shuffle])[:, -1], out[:, -1], atol=1e-6), (
+        f"the last position's output depends on the order before it{seen(attn, x, out=out)}")
 
 
 def test_scores_are_scaled_by_sqrt_d_model(attn):
@@ -57,7 +106,16 @@ def test_scores_are_scaled_by_sqrt_d_model(attn):
     scores = q @ k.transpose(-2, -1) / math.sqrt(16)
     expected = torch.softmax(scores.masked_fill(~attn.mask[:3, :3], float("-inf")), dim=-1)
     _, weights = attn(x, return_weights=True)
-    assert torch.allclose(weights, expected)
+    assert torch.allclose(weights, expected), (
+        f"the weights are not softmax(q kᵀ / sqrt(C)) with the mask{seen(attn, x, weights)}")
+
+
+def test_the_output_is_the_projection_of_the_weighted_values(attn):
+    x = torch.randn(2, 6, 16)
+    out, weights = attn(x, return_weights=True)
+    expected = attn.proj(weights @ attn.value(x))
+    assert torch.allclose(out, expected, atol=1e-6), (
+        f"the output is not proj(weights @ v){seen(attn, x, out=out)}")
 
 
 def test_mask_is_a_buffer_that_is_not_learned(attn):
@@ -89,12 +147,16 @@ def test_attention_map_is_written(tmp_path):
 
 
 def test_solutions():
-    assert ex05_attention.exercise_1_shapes_and_parameters() == (16_640, (2, 12, 12), 1_048_576)
+    torch.manual_seed(0)
+    head, x = CausalSelfAttention(16, 8), torch.randn(1, 8, 16)
+    why = seen(head, x, out=head(x))  # your head's mistake, if it makes one
+    assert ex05_attention.exercise_1_shapes_and_parameters() == (16_640, (2, 12, 12),
+                                                                 1_048_576), why
     without, with_positions = ex05_attention.exercise_2_order_blindness()
-    assert without < 1e-6 and with_positions > 0.01
+    assert without < 1e-6 and with_positions > 0.01, f"exercise 2{why}"
     assert "T=65 exceeds max_seq_len=64" in ex05_attention.exercise_3_too_long(64)
     stds = ex05_attention.exercise_4_why_scale_by_sqrt_c()
     for C, (raw, scaled) in stds.items():
         assert raw == pytest.approx(math.sqrt(C), rel=0.05) and scaled == pytest.approx(1, rel=0.05)
     masked, unmasked = ex05_attention.exercise_5_the_mask_stops_leaks()
-    assert masked == 0.0 and unmasked > 0.01
+    assert masked == 0.0 and unmasked > 0.01, f"exercise 5: the mask does not stop leaks{why}"

@@ -9,6 +9,65 @@ from solutions import ex07_block
 from tiny_llm.block import MLP, Block, LayerNorm, init_weights, plot_stds, residual_stds
 
 
+def norm_seen(norm, x, out):
+    """Name the mistake a LayerNorm's output `out` of x shows: ": ..." or ""."""
+    def written(dims, unbiased=False, eps_inside=True, affine=True):
+        mean = x.mean(dim=dims, keepdim=True)
+        var = x.var(dim=dims, keepdim=True, unbiased=unbiased)
+        y = (x - mean) / (torch.sqrt(var + norm.eps) if eps_inside else torch.sqrt(var) + norm.eps)
+        return y * norm.weight + norm.bias if affine else y
+
+    mistakes = [
+        (written(-1), ""),
+        (written(-2), "it normalises over dim -2 (the positions): take the mean and variance "
+                      "over the last dimension, each position's own vector"),
+        (written((-2, -1)), "it normalises over the positions and the features together: take "
+                            "the mean and variance over the last dimension only"),
+        (written(0), "it normalises over dim 0 (the batch): take the mean and variance over "
+                     "the last dimension only"),
+        (written(-1, unbiased=True), "the variance divides by d_model - 1: use "
+                                     "unbiased=False, as nn.LayerNorm does"),
+        (written(-1, eps_inside=False), "eps is added outside the sqrt: sqrt(var + eps)"),
+        (written(-1, affine=False), "the gain `weight` and shift `bias` are not applied"),
+    ]
+    with torch.no_grad():
+        for wrong, said in mistakes:
+            if wrong.shape == out.shape and torch.allclose(out, wrong, atol=1e-5):
+                return f": {said}" if said else ""
+    return ""
+
+
+def block_seen():
+    """Name the mistake Block.forward shows on a fresh block: ": ..." or ""."""
+    torch.manual_seed(1)
+    block = Block(32, n_heads=4, max_seq_len=8).eval()
+    for norm in (block.ln_1, block.ln_2):  # a gain and shift of their own, to tell them apart
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.normal_()
+    x = torch.randn(2, 8, 32)
+    a, m, n1, n2 = block.attn, block.mlp, block.ln_1, block.ln_2
+    with torch.no_grad():
+        h = x + a(n1(x))
+        mistakes = [
+            (h + m(n2(h)), ""),
+            (a(n1(x)) + m(n2(a(n1(x)))), "the residual is dropped around attention: "
+                                         "x = x + self.attn(self.ln_1(x))"),
+            (m(n2(h)), "the residual is dropped around the MLP: x = x + self.mlp(self.ln_2(x))"),
+            (n2(n1(x + a(x)) + m(n1(x + a(x)))), "it is post-norm (the norm after the "
+                                                "addition): pre-norm reads x + attn(ln_1(x))"),
+            (x + a(x) + m(x + a(x)), "the LayerNorms are skipped: attn reads ln_1(x), mlp ln_2(x)"),
+            (h + m(n2(x)), "the MLP reads ln_2 of the block's input: it reads the stream after "
+                           "attention has been added"),
+            (h + m(n1(h)), "ln_1 is used twice: the MLP reads ln_2(x)"),
+        ]
+        out = block(x)
+        for wrong, said in mistakes:
+            if torch.allclose(out, wrong, atol=1e-5):
+                return f": {said}" if said else ""
+    return ""
+
+
 def test_layernorm_equals_nn_layernorm_with_learned_gain_and_bias():
     torch.manual_seed(0)
     ours, reference = LayerNorm(16), nn.LayerNorm(16)
@@ -17,7 +76,10 @@ def test_layernorm_equals_nn_layernorm_with_learned_gain_and_bias():
         reference.bias.normal_()
     ours.load_state_dict(reference.state_dict())  # same names: weight (the gain) and bias
     x = torch.randn(3, 5, 16) * 4 + 2
-    torch.testing.assert_close(ours.written_out(x), reference(x), atol=1e-5, rtol=0)
+    for name, out in (("written_out", ours.written_out(x)), ("forward", ours(x))):
+        why = f"LayerNorm.{name} differs from nn.LayerNorm{norm_seen(ours, x, out)}"
+        torch.testing.assert_close(out, reference(x), atol=1e-5, rtol=0,
+                                   msg=lambda m, why=why: f"{why}\n{m}")
 
 
 def test_the_fused_forward_equals_the_written_out_layernorm():
@@ -27,15 +89,22 @@ def test_the_fused_forward_equals_the_written_out_layernorm():
         norm.weight.normal_()
         norm.bias.normal_()
     x = torch.randn(3, 5, 16) * 4 + 2
-    torch.testing.assert_close(norm(x), norm.written_out(x), atol=1e-5, rtol=0)
-    assert not torch.equal(norm(x), LayerNorm(16)(x))  # the gain and shift are applied
+    fused, written = norm(x), norm.written_out(x)
+    torch.testing.assert_close(fused, written, atol=1e-5, rtol=0, msg=lambda m: (
+        f"forward and written_out differ: forward{norm_seen(norm, x, fused) or ' looks right'}"
+        f"; written_out{norm_seen(norm, x, written) or ' looks right'}\n{m}"))
+    assert not torch.equal(norm(x), LayerNorm(16)(x)), "the gain `weight` and shift `bias` are " \
+                                                      "not applied"
 
 
 def test_layernorm_gives_each_position_mean_0_and_variance_1():
     x = torch.randn(2, 7, 32) * 10 - 3
-    y = LayerNorm(32)(x)
-    assert y.mean(-1).abs().max() < 1e-5
-    assert (y.var(-1, unbiased=False) - 1).abs().max() < 1e-3
+    norm = LayerNorm(32)
+    for name, y in (("forward", norm(x)), ("written_out", norm.written_out(x))):
+        why = norm_seen(norm, x, y)
+        assert y.mean(-1).abs().max() < 1e-5, f"{name}: a position's mean is not 0{why}"
+        assert (y.var(-1, unbiased=False) - 1).abs().max() < 1e-3, (
+            f"{name}: a position's variance is not 1{why}")
 
 
 def test_mlp_widens_four_times_and_keeps_the_shape():
@@ -57,7 +126,7 @@ def test_block_is_the_identity_when_both_sublayers_output_zero():
         nn.init.zeros_(proj.weight)
         nn.init.zeros_(proj.bias)
     x = torch.randn(2, 8, 32)
-    assert torch.equal(block(x), x)
+    assert torch.equal(block(x), x), f"the block is not x + attn(...) + mlp(...){block_seen()}"
 
 
 def test_block_is_causal():
@@ -66,7 +135,13 @@ def test_block_is_causal():
     x = torch.randn(1, 8, 32)
     changed = x.clone()
     changed[:, 5:] = 0.0
-    assert torch.allclose(block(x)[:, :5], block(changed)[:, :5], atol=1e-6)
+    assert torch.allclose(block(x)[:, :5], block(changed)[:, :5], atol=1e-6), (
+        f"changing positions 5.. changed the block's outputs at 0..4{block_seen()}")
+
+
+def test_the_block_is_two_pre_norm_residual_steps():
+    why = block_seen()
+    assert why == "", f"the block is not x + attn(ln_1(x)), then + mlp(ln_2(x)){why}"
 
 
 def test_init_weights_gives_residual_projections_the_smaller_std():
@@ -75,9 +150,21 @@ def test_init_weights_gives_residual_projections_the_smaller_std():
     small = 0.02 / math.sqrt(2 * 8)  # 0.005
     assert block.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.03)
     assert block.mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.03)
-    assert block.attn.proj.weight.std().item() == pytest.approx(small, rel=0.03), (
-        "attn.proj is not marked residual_output: apply step 07's diff to multihead.py")
-    assert block.mlp.proj.weight.std().item() == pytest.approx(small, rel=0.03)
+    for name in ("attn.proj", "mlp.proj"):
+        layer = block.get_submodule(name)
+        std = layer.weight.std().item()
+        if not getattr(layer, "residual_output", False):
+            why = (f"{name} is not marked residual_output"
+                   + (": apply step 07's diff to multihead.py" if name == "attn.proj" else ""))
+        else:
+            hints = {0.02: "marked layers are not redrawn: init_weights' second loop",
+                     0.02 / math.sqrt(8): "that is 0.02/√n_layers: the 2 of 2·n_layers is missing",
+                     0.02 / (2 * 8): "that is 0.02/(2·n_layers): take the square root",
+                     0.02 / 8: "that is 0.02/n_layers: divide by √(2·n_layers)"}
+            hint = [h for value, h in hints.items() if std == pytest.approx(value, rel=0.03)]
+            why = (f"{name} is marked residual_output, but starts with std {std:.4f}, not "
+                   f"0.02/√(2·n_layers) = {small:.4f}" + "".join(f" ({h})" for h in hint))
+        assert std == pytest.approx(small, rel=0.03), why
     for name, p in block.named_parameters():
         if name.endswith("bias"):
             assert torch.all(p == 0), name

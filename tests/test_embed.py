@@ -1,4 +1,5 @@
 import math
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -19,36 +20,95 @@ def test_parameter_count_is_two_tables(emb):
 
 
 def test_tables_start_as_small_normals(emb):
-    for table in (emb.tok_emb.weight, emb.pos_emb.weight):
-        assert abs(table.std().item() - 0.02) < 0.001
-        assert abs(table.mean().item()) < 0.001
+    for name in ("tok_emb", "pos_emb"):
+        table = getattr(emb, name).weight
+        std, mean = table.std().item(), table.mean().item()
+        assert abs(std - 0.02) < 0.001, (
+            f"{name}.weight starts with std {std:.3f}, not 0.02: draw it with "
+            "nn.init.normal_(table.weight, mean=0.0, std=0.02)"
+            + (" (1.0 is PyTorch's own N(0, 1): the init is missing)" if std > 0.5 else ""))
+        assert abs(mean) < 0.001, f"{name}.weight starts with mean {mean:.3f}, not 0: mean=0.0"
+
+
+@contextmanager
+def lookup_errors():
+    """Name the errors that a wrong lookup of the positions gives inside the block."""
+    try:
+        yield
+    except IndexError as err:
+        raise AssertionError(f"your forward raised IndexError on ids inside the vocabulary "
+                             f"({err}): look up pos_emb with the positions torch.arange(T), "
+                             "not with the token ids") from err
+    except RuntimeError as err:
+        if "must match the size" not in str(err):
+            raise
+        raise AssertionError(
+            f"adding the positions failed ({err}): the positions are torch.arange(T) with "
+            "T = idx.shape[1], so pos_emb gives (T, C), which broadcasts over the batch") from err
+
+
+def embed(emb, idx):
+    with lookup_errors():
+        return emb(idx)
 
 
 def test_output_is_token_row_plus_position_row(emb):
     idx = torch.randint(0, 4096, (3, 10))
-    x = emb(idx)
+    x = embed(emb, idx)
     assert x.shape == (3, 10, 128) and x.dtype == torch.float32
-    expected = emb.tok_emb.weight[idx[1, 4]] + emb.pos_emb.weight[4]
-    assert torch.equal(x[1, 4], expected)
-    assert abs(x.std().item() - math.sqrt(2) * 0.02) < 0.002  # two N(0, 0.02²) added
+    token, position = emb.tok_emb.weight[idx[1, 4]], emb.pos_emb.weight[4]
+    assert not torch.equal(x[1, 4], token), "x[1, 4] is tok_emb's row alone: add pos_emb's row 4"
+    assert not torch.equal(x[1, 4], position), "x[1, 4] is pos_emb's row alone: add tok_emb's row"
+    assert torch.equal(x[1, 4], token + position), (
+        "x[1, 4] is not tok_emb.weight[idx[1, 4]] + pos_emb.weight[4]"
+        + wrong_position(x[1, 4], token, emb.pos_emb.weight, 4, int(idx[1, 4])))
+    std = x.std().item()
+    assert abs(std - math.sqrt(2) * 0.02) < 0.002, (  # two N(0, 0.02²) added
+        f"the output's std is {std:.3f}, not √2 · 0.02 ≈ 0.028: each table starts at std=0.02")
+
+
+def wrong_position(row, token_row, pos, t, token):
+    """What a learner's output row at position t says about the position row added to it."""
+    def near(other):
+        return torch.allclose(row, token_row + other, atol=1e-4)
+
+    if near(pos[t]):
+        return ""
+    if near(torch.zeros_like(token_row)):
+        return ": it is tok_emb's row alone: add pos_emb's row for each position"
+    if t and near(pos[0]):
+        return (": every position got pos_emb's row 0: the positions are torch.arange(T) with "
+                "T = idx.shape[1], not the batch size idx.shape[0]")
+    if token < len(pos) and near(pos[token]):
+        return (f": position {t} got pos_emb's row {token}, the token id: look up pos_emb with "
+                "torch.arange(T), not with the token ids")
+    return ""
 
 
 def test_same_token_differs_by_position_and_tokens_differ(emb):
-    x = emb(torch.tensor([[5, 5, 6]]))[0]
-    assert not torch.allclose(x[0], x[1])
-    assert torch.allclose(x[1] - x[0], emb.pos_emb.weight[1] - emb.pos_emb.weight[0])
-    assert not torch.allclose(x[1], x[2])
+    x = embed(emb, torch.tensor([[5, 5, 6]]))[0]
+    tok, pos = emb.tok_emb.weight, emb.pos_emb.weight
+    seen = wrong_position(x[1], tok[5], pos, 1, 5) or ": add pos_emb's row for each position"
+    assert not torch.allclose(x[0], x[1]), f"token 5 at positions 0 and 1 gives the same " \
+                                           f"vector{seen}"
+    assert torch.allclose(x[1] - x[0], pos[1] - pos[0]), (
+        "token 5 at positions 1 and 0 differs by something else than pos_emb's rows 1 and 0")
+    assert not torch.allclose(x[1], x[2]), "tokens 5 and 6 at one position give the same vector"
 
 
 def test_worked_example_sums_by_hand(capsys):
     from tiny_llm.embed import worked_example
 
-    worked_example()
+    with lookup_errors():
+        worked_example()
     lines = capsys.readouterr().out.splitlines()
+    row = torch.tensor([float(v) for v in lines[3].rsplit("[", 1)[1].strip("]").split(",")])
+    tok, pos = torch.arange(30.0).view(10, 3) / 10, torch.arange(15.0).view(5, 3) / 100
+    seen = wrong_position(row, tok[1], pos, 3, 1)  # token 1 at position 3
     assert lines[1] == (
         "t=1  id=1   tok [0.30, 0.40, 0.50] + pos [0.03, 0.04, 0.05] = [0.33, 0.44, 0.55]"
-    )
-    assert lines[3].endswith("= [0.39, 0.50, 0.61]")  # token 1 again, now at position 3
+    ), f"each row of the output is tok + pos{seen}"
+    assert lines[3].endswith("= [0.39, 0.50, 0.61]"), f"token 1 at t=3: tok + pos{seen}"
 
 
 BAD_IDS = [

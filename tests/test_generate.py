@@ -52,8 +52,17 @@ def test_top_k_never_samples_outside_the_k_largest():
 
 def test_top_k_keeps_exactly_k_even_with_ties_and_clamps_to_the_vocabulary():
     logits = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    assert int(torch.isfinite(top_k_filter(logits, 2)).sum()) == 2
-    assert torch.equal(top_k_filter(logits, 10), logits)
+    kept = int(torch.isfinite(top_k_filter(logits, 2)).sum())
+    assert kept == 2, f"top_k_filter([[1, 1, 1, 0]], 2) kept {kept} tokens, not 2" + (
+        ": a comparison with the k-th largest value keeps every tie; keep the k indices that "
+        "torch.topk gives" if kept > 2 else "")
+    try:
+        wide = top_k_filter(logits, 10)
+    except RuntimeError as err:
+        raise AssertionError(f"top_k=10 on 4 tokens failed ({err}): clamp top_k to "
+                             "logits.shape[-1] first, so a top_k above V keeps every token"
+                             ) from err
+    assert torch.equal(wide, logits), "top_k=10 on 4 tokens must keep all 4 as they are"
 
 
 @pytest.mark.parametrize("top_p, kept", [(0.5, [0]), (0.75, [0, 1]), (0.76, [0, 1, 2]),
@@ -62,14 +71,27 @@ def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p(top_p, kept):
     # probabilities 0.5, 0.25, 0.125, 0.125 are exact in binary, so the edges are sharp
     logits = torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log()
     probs = next_token_probs(logits, top_p=top_p)
-    assert torch.nonzero(probs[0]).flatten().tolist() == kept
+    got = torch.nonzero(probs[0]).flatten().tolist()
+    hint = (": every token was dropped, so the softmax gives NaN; the most likely token always "
+            "stays, as a token stays while the mass of the tokens ranked above it (cumsum - "
+            "probs) is below top_p" if probs.isnan().any() else
+            ": the token that makes the mass reach top_p is dropped; a token stays while the "
+            "mass of the tokens ranked above it (cumsum - probs) is below top_p"
+            if len(got) < len(kept) else
+            ": one token too many; drop a token once the mass above it reaches top_p (>=)"
+            if len(got) > len(kept) else "")
+    assert got == kept, f"top_p={top_p} on probabilities [0.5, 0.25, 0.125, 0.125] kept " \
+                        f"tokens {got}, not {kept}{hint}"
     assert math.isclose(probs.sum().item(), 1.0, rel_tol=1e-6)
 
 
 def test_top_p_works_on_unsorted_logits_row_by_row():
     logits = torch.tensor([[0.0, 3.0, 1.0], [3.0, 0.0, 1.0]])
     kept = torch.isfinite(top_p_filter(logits, 0.9))  # probabilities 0.84, 0.11, 0.04
-    assert kept.tolist() == [[False, True, True], [True, False, True]]
+    hint = (": the kept logits come back in sorted order; scatter them back to their tokens "
+            "with the sort's indices" if kept.tolist() == [[True, True, False]] * 2 else "")
+    assert kept.tolist() == [[False, True, True], [True, False, True]], (
+        f"top_p_filter kept {kept.tolist()}{hint}")
 
 
 def test_temperature_zero_is_argmax():
@@ -81,7 +103,10 @@ def test_temperature_zero_is_argmax():
 def test_low_temperature_sharpens_and_high_temperature_flattens():
     logits = torch.tensor([[2.0, 1.0, 0.0]])
     top = [next_token_probs(logits, temperature=t)[0, 0].item() for t in (0.5, 1.0, 2.0)]
-    assert top[0] > top[1] > top[2] > 1 / 3
+    hint = (": divide the logits by the temperature, do not multiply them"
+            if top[0] < top[1] < top[2] else "")
+    assert top[0] > top[1] > top[2] > 1 / 3, (
+        f"the top token's probability at temperatures 0.5, 1, 2 is {top}: it should fall{hint}")
 
 
 def test_the_same_seed_gives_the_same_text():
@@ -96,7 +121,9 @@ def test_the_same_seed_gives_the_same_text():
 def test_generation_stops_after_the_eot_token():
     model = FixedLogits([10.0, 0.0, 0.0])  # id 0, the EOT, is by far the most likely
     out = generate(model, torch.tensor([[1, 2]]), 10, generator=torch.Generator().manual_seed(0))
-    assert out.tolist() == [[1, 2, 0]]
+    hint = {(1, 2): ": it stopped before appending eot_id; append it, then stop"}.get(
+        tuple(out[0].tolist()), ": stop after appending eot_id" if out.shape[1] > 3 else "")
+    assert out.tolist() == [[1, 2, 0]], f"generate gave {out.tolist()}{hint}"
     longer = generate(model, torch.tensor([[1, 2]]), 10, temperature=0, eot_id=None)
     assert longer.shape == (1, 12)
 
@@ -105,7 +132,9 @@ def test_context_is_cropped_to_max_seq_len():
     model = FixedLogits([0.0, 1.0], max_seq_len=8)
     out = generate(model, torch.ones(1, 20, dtype=torch.long), 5, temperature=0, eot_id=None)
     assert out.shape == (1, 25)
-    assert max(model.seen_lengths) == 8
+    assert max(model.seen_lengths) == 8, (
+        f"the model was fed {max(model.seen_lengths)} tokens, more than max_seq_len=8: feed "
+        "only the last max_seq_len tokens, idx[:, -max_seq_len:]")
     gpt = tiny_gpt(max_seq_len=8)  # a real GPT refuses T > 8, so cropping is what makes this work
     assert generate(gpt, torch.tensor([[1, 2, 3]]), 12, eot_id=None).shape == (1, 15)
 

@@ -52,14 +52,19 @@ def test_forward_gives_logits_for_every_position_and_loss_only_with_targets():
     assert loss.dim() == 0 and torch.isfinite(loss)
 
 
+TIE = ("lm_head.weight is not embed.tok_emb.weight: tie them by assigning the Parameter, "
+       "self.lm_head.weight = self.embed.tok_emb.weight (a copy of the values is two matrices)")
+
+
 def test_head_weight_is_the_token_embedding():
     model = make()
-    assert model.lm_head.weight is model.embed.tok_emb.weight
+    assert model.lm_head.weight is model.embed.tok_emb.weight, TIE
     assert model.lm_head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
 
 
 def test_a_gradient_step_keeps_the_tied_weights_one_matrix():
     model = make()
+    assert model.lm_head.weight is model.embed.tok_emb.weight, TIE
     before = model.lm_head.weight.detach().clone()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     _, loss = model(torch.randint(0, 256, (2, 8)), torch.randint(0, 256, (2, 8)))
@@ -73,7 +78,7 @@ def test_a_gradient_step_keeps_the_tied_weights_one_matrix():
 def test_tying_survives_a_state_dict_round_trip():
     model, other = make(seed=0), make(seed=1)
     other.load_state_dict(model.state_dict())
-    assert other.lm_head.weight is other.embed.tok_emb.weight
+    assert other.lm_head.weight is other.embed.tok_emb.weight, TIE
     assert torch.equal(other.lm_head.weight, model.lm_head.weight)
 
 
@@ -82,7 +87,68 @@ def test_initial_loss_is_near_ln_vocab_size():
     idx, targets = torch.randint(0, 4096, (2, 64)), torch.randint(0, 4096, (2, 64))
     with torch.no_grad():
         _, loss = model(idx, targets)
-    assert abs(loss.item() - math.log(4096)) < 0.1
+    std = model.embed.tok_emb.weight.std().item()
+    hint = (f": tok_emb starts with std {std:.2f}, not 0.02: call init_weights(self, n_layers) "
+            "last in __init__" if abs(std - 0.02) > 0.005 else "")
+    assert abs(loss.item() - math.log(4096)) < 0.1, (
+        f"the initial loss is {loss.item():.3f}, not near ln 4096 = 8.318{hint}")
+
+
+def forward_by_hand(model, idx):
+    """The logits of step 08's forward, computed here; and the same without ln_f."""
+    x = model.drop(model.embed(idx))
+    for block in model.blocks:
+        x = block(x)
+    return model.lm_head(model.ln_f(x)), model.lm_head(x)
+
+
+def test_logits_are_the_head_of_the_final_norm_of_the_blocks():
+    model = make().eval()
+    idx = torch.randint(0, 256, (2, 10))
+    with torch.no_grad():
+        logits = model(idx)[0]
+        right, without_ln_f = forward_by_hand(model, idx)
+    assert not torch.allclose(logits, without_ln_f, atol=1e-5), (
+        "ln_f is skipped: the logits are lm_head(ln_f(x)) after the last block")
+    assert torch.allclose(logits, right, atol=1e-5), (
+        "the logits are not lm_head(ln_f(blocks(drop(embed(idx))))), the blocks in order")
+
+
+def loss_seen():
+    """The loss of a fresh model against the mean cross-entropy at each position:
+    (loss, expected, what a difference shows, or "")."""
+    model = make().eval()
+    idx, targets = torch.randint(0, 256, (2, 10)), torch.randint(0, 256, (2, 10))
+    with torch.no_grad():
+        logits, loss = model(idx, targets)
+    flat = logits.flatten(0, 1)
+    wrong = {
+        "the targets are shifted again: targets[b, t] already is the token after idx[b, t] "
+        "(get_batch's y), so score logits[:, t] against targets[:, t]":
+            torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                              targets[:, 1:].flatten()),
+        "the loss is summed over the positions: take the mean (cross_entropy's default)":
+            torch.nn.functional.cross_entropy(flat, targets.flatten(), reduction="sum"),
+    }
+    said = [why for why, value in wrong.items() if torch.allclose(loss, value, atol=1e-5)]
+    return (loss, torch.nn.functional.cross_entropy(flat, targets.flatten()),
+            "".join(f": {why}" for why in said))
+
+
+def test_the_loss_is_the_mean_cross_entropy_at_each_position():
+    """targets[b, t] is the token after idx[b, t] (step 03's y): logits[b, t] is scored
+    against it, at the same position."""
+    loss, expected, why = loss_seen()
+    assert torch.allclose(loss, expected, atol=1e-5), (
+        f"the loss is {loss.item():.4f}, not the mean cross-entropy {expected.item():.4f} of "
+        f"each position's logits against its target{why}")
+
+
+def test_the_forward_checks_its_targets():
+    model = make()
+    idx = torch.randint(0, 256, (2, 8))
+    with pytest.raises(ValueError, match=r"targets shape \(2, 7\) does not match idx shape"):
+        model(idx, idx[:, :7])  # check_targets(idx, targets, vocab_size, ...) before the loss
 
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
@@ -91,6 +157,11 @@ def test_parameter_counts_follow_the_formula(name):
     V, T, d, L = c.vocab_size, c.max_seq_len, c.d_model, c.n_layers
     model = GPT(c)
     non_embedding = L * (12 * d * d + 13 * d) + 2 * d
+    blocks = sum(p.numel() for p in model.blocks.parameters())
+    assert blocks == L * (12 * d * d + 13 * d), (
+        f"the blocks hold {blocks:,} parameters, not n_layers · (12·d² + 13·d)"
+        + (": the n_layers blocks are one Block repeated; build a new one for each layer"
+           if len({id(b) for b in model.blocks}) < L else ""))
     assert model.num_params(non_embedding=True) == non_embedding
     assert model.num_params() == non_embedding + V * d + T * d  # the tied matrix counted once
 
@@ -107,8 +178,16 @@ def test_the_model_is_causal():
 
 
 def test_targets_of_minus_one_are_ignored():
-    loss, kept = ex08_gpt.exercise_5_ignore_index()
-    assert loss == pytest.approx(kept, abs=1e-6)
+    try:
+        loss, kept = ex08_gpt.exercise_5_ignore_index()
+    except (IndexError, RuntimeError) as err:
+        if "out of bounds" not in str(err) and "-1" not in str(err):
+            raise
+        raise AssertionError(f"a target of -1 broke the loss ({err}): pass ignore_index=-1 to "
+                             "F.cross_entropy") from err
+    why = loss_seen()[2] or ": targets of -1 count in the loss: pass ignore_index=-1 to " \
+                            "F.cross_entropy"
+    assert loss == pytest.approx(kept, abs=1e-6), f"exercise 5's two losses differ{why}"
 
 
 def test_bad_idx_and_targets_are_refused_where_they_enter():

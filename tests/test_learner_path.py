@@ -165,5 +165,5 @@ def run_the_chapters_run_command(step, capsys):
              if body.startswith(start)]
     assert len(shown) == 1, f"chapter {step:02d} shows no `workalong {step:02d} --run` command"
     command, expected = shown[0]
-    assert workalong.main(shlex.split(command)[3:]) == 0
+    assert workalong.main(shlex.split(command)[3:]) == 0  # after `uv run workalong`
     return capsys.readouterr().out.splitlines(), expected

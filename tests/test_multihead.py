@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -17,19 +19,70 @@ def both_paths(attn, x):
     return attn(x), explicit
 
 
+def by_hand(attn, x, split=True, scale=None, mask=True, after=False, merge=True):
+    """The layer's output computed here, right by default, or with one of the mistakes."""
+    B, T, C = x.shape
+    H, hs = attn.n_heads, attn.head_size
+    q, k, v = attn.qkv(x).split(C, dim=2)
+    if split:
+        q, k, v = (t.view(B, T, H, hs).transpose(1, 2) for t in (q, k, v))
+    else:  # a reshape alone: rows of different positions end up in one head's row
+        q, k, v = (t.reshape(B, H, T, hs) for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(scale or hs)
+    future = ~torch.tril(torch.ones(T, T, dtype=torch.bool))
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")) if mask else scores, -1)
+    if after:
+        weights = weights.masked_fill(future, 0.0)
+    y = weights @ v
+    y = y.transpose(1, 2).contiguous().view(B, T, C) if merge else y.contiguous().view(B, T, C)
+    return attn.proj(y)
+
+
+def seen(attn, x, out, path=""):
+    """Name the mistake that the output `out` of x shows: ": ..." or ""."""
+    mistakes = [
+        ({}, ""),
+        ({"merge": False}, "the heads are merged without transposing back: (B, n_heads, T, "
+                           "head_size) needs y.transpose(1, 2) before .contiguous().view(B, T, C)"),
+        ({"split": False}, "q, k, v are split into heads by a view (or reshape) to (B, "
+                           "n_heads, T, head_size) alone: view them as (B, T, n_heads, "
+                           "head_size), then transpose(1, 2)"),
+        ({"scale": attn.d_model}, "the scores are divided by sqrt(d_model): divide by "
+                                  "sqrt(head_size), the length of each head's vectors"),
+        ({"scale": 1}, "the scores are not divided by sqrt(head_size)"),
+        ({"mask": False}, "the causal mask is missing"),
+        ({"after": True, "mask": False}, "the mask is applied after the softmax: set the "
+                                         "scores to -inf before it"),
+    ]
+    with torch.no_grad():
+        for kind, said in mistakes:
+            if torch.allclose(out, by_hand(attn, x, **kind), atol=1e-5):
+                return f": {path}{said}" if said else ""
+    return ""
+
+
+def paths_seen(attn, x):
+    """What each path's output shows, e.g. ': the explicit path: the causal mask is missing'."""
+    sdpa, explicit = both_paths(attn, x)
+    return "".join(seen(attn, x, out, f"the {name} path: ")
+                   for name, out in (("fast (attend)", sdpa), ("explicit", explicit)))
+
+
 def test_sdpa_path_equals_explicit_path():
     attn = make()
     x = torch.randn(3, 16, 32)
     sdpa, explicit = both_paths(attn, x)
     assert sdpa.shape == (3, 16, 32)
-    torch.testing.assert_close(sdpa, explicit, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sdpa, explicit, atol=1e-6, rtol=0,
+                               msg=lambda m: f"the two paths differ{paths_seen(attn, x)}\n{m}")
 
 
 def test_paths_agree_for_shorter_sequences_and_in_eval_mode_with_dropout():
     attn = make(dropout=0.3)  # eval(): dropout is off on both paths
     x = torch.randn(2, 5, 32)
     sdpa, explicit = both_paths(attn, x)
-    torch.testing.assert_close(sdpa, explicit, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sdpa, explicit, atol=1e-6, rtol=0,
+                               msg=lambda m: f"the two paths differ{paths_seen(attn, x)}\n{m}")
 
 
 @pytest.mark.parametrize("use_sdpa", [True, False])
@@ -40,8 +93,26 @@ def test_output_at_t_ignores_later_positions(use_sdpa):
     changed = x.clone()
     changed[:, 7:] = torch.randn(2, 5, 32)
     before, after = attn(x), attn(changed)
-    assert torch.allclose(before[:, :7], after[:, :7], atol=1e-6, rtol=0)
-    assert not torch.allclose(before[:, 7:], after[:, 7:])
+    path = "fast (attend)" if use_sdpa else "explicit"
+    why = seen(attn, x, before, f"the {path} path: ")
+    assert torch.allclose(before[:, :7], after[:, :7], atol=1e-6, rtol=0), (
+        f"changing positions 7.. changed the outputs at 0..6{why or ': the mask?'}")
+    assert not torch.allclose(before[:, 7:], after[:, 7:]), f"positions 7.. did not change{why}"
+
+
+def test_the_heads_are_split_and_merged_at_their_positions():
+    """Each head is step 05's attention on its slice of q, k and v, and the heads' outputs sit
+    side by side at their own positions before proj: the explicit path, then the fast one."""
+    attn = make()
+    x = torch.randn(2, 6, 32)
+    for use_sdpa in (False, True):
+        attn.use_sdpa = use_sdpa
+        out = attn(x)
+        path = "fast (attend)" if use_sdpa else "explicit"
+        why = (f"the {path} path is not the heads' attention side by side"
+               f"{seen(attn, x, out, f'the {path} path: ')}")
+        torch.testing.assert_close(out, by_hand(attn, x), atol=1e-5, rtol=0,
+                                   msg=lambda m, why=why: f"{why}\n{m}")
 
 
 def test_heads_split_the_model_dimension_and_parameters_follow_the_formula():

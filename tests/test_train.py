@@ -43,12 +43,25 @@ def reference(sample_data_dir, tmp_path_factory):
     return out, result
 
 
+def warmup_seen(lr):
+    """What lr_at's first steps say about its warmup (max_lr 1e-3, warmup 100)."""
+    if lr[0] == 0:
+        return ("lr_at(0) is 0, so the first update learns nothing: warm up as "
+                "max_lr · (step + 1) / warmup_steps, reaching max_lr at step warmup_steps - 1")
+    return f"the warmup gives {lr[0]:.3g} at step 0 and {lr[99]:.3g} at step 99, " \
+           "not 1e-5 and 1e-3: max_lr · (step + 1) / warmup_steps"
+
+
 def test_lr_warms_up_linearly_then_decays_on_a_cosine_to_the_floor():
     lr = [lr_at(s, 1e-3, 1e-4, 100, 1000) for s in range(1200)]
-    assert lr[0] == pytest.approx(1e-5) and lr[49] == pytest.approx(5e-4)
-    assert lr[99] == pytest.approx(1e-3) == max(lr)
-    assert lr[550] == pytest.approx(5.5e-4)  # halfway down the cosine: halfway between
-    assert lr[1000] == lr[1199] == pytest.approx(1e-4)
+    assert lr[0] == pytest.approx(1e-5) and lr[49] == pytest.approx(5e-4), warmup_seen(lr)
+    assert lr[99] == pytest.approx(1e-3) == max(lr), warmup_seen(lr)
+    assert lr[550] == pytest.approx(5.5e-4), (  # halfway down the cosine: halfway between
+        f"lr_at(550) is {lr[550]:.3g}, not 5.5e-4, halfway between max_lr and min_lr"
+        + (": the cosine runs down to 0; it goes from max_lr to min_lr, min_lr + 0.5 · (1 + "
+           "cos(pi · progress)) · (max_lr - min_lr)" if lr[550] == pytest.approx(5e-4) else ""))
+    assert lr[1000] == lr[1199] == pytest.approx(1e-4), (
+        f"after decay_steps the lr is {lr[1000]:.3g}, {lr[1199]:.3g}, not min_lr = 1e-4")
     assert all(a >= b for a, b in zip(lr[99:], lr[100:], strict=False))
 
 
@@ -56,7 +69,8 @@ def test_lr_holds_the_peak_then_falls_in_a_line_to_the_floor():
     """Warmup-stable-decay, the default (cooldown 0.4): the peak until the last 40%, then a line
     reaching min_lr at the last step; and Muon's momentum rises from 0.85 to 0.95."""
     lr = [lr_at(s, 1e-3, 1e-4, 100, 1000, cooldown=0.4) for s in range(1000)]
-    assert lr[0] == pytest.approx(1e-5) and lr[99] == lr[599] == pytest.approx(1e-3)
+    assert lr[0] == pytest.approx(1e-5) and lr[99] == lr[599] == pytest.approx(1e-3), (
+        warmup_seen(lr))
     assert lr[799] == pytest.approx(5.5e-4) and lr[999] == pytest.approx(1e-4)
     assert [muon_momentum(s, 200) for s in (0, 100, 200, 900)] == pytest.approx(
         [0.85, 0.90, 0.95, 0.95])
@@ -68,9 +82,13 @@ def test_weight_decay_goes_to_matrices_only_and_the_tied_matrix_once():
     model = GPT(PRESETS["tiny"])
     decay, no_decay = param_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() == 2 for p in decay["params"])
-    assert all(p.dim() == 1 for p in no_decay["params"])
-    assert sum(p is model.embed.tok_emb.weight for p in decay["params"]) == 1
+    assert all(p.dim() == 2 for p in decay["params"]), (
+        "biases or LayerNorm gains (1-D) are in the decayed group: decay only the matrices, "
+        "p.dim() >= 2")
+    assert all(p.dim() == 1 for p in no_decay["params"]), "a matrix is left out of weight decay"
+    tied = sum(p is model.embed.tok_emb.weight for p in decay["params"])
+    assert tied == 1, f"the tied tok_emb/lm_head matrix is in the decayed group {tied} times: " \
+                      "take model.parameters(), which gives a shared tensor once"
     assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_params()
 
 
@@ -84,8 +102,14 @@ def test_gradient_accumulation_matches_one_big_batch(sample_data_dir):
         loss = accumulate_gradients(model, data, cfg, torch.device("cpu"),
                                     torch.Generator().manual_seed(1))
         grads.append((loss, model.embed.tok_emb.weight.grad.clone()))
-    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5)
-    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-7)
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5), (
+        f"the mean loss of 2 micro-batches is {grads[1][0]:.4f}, of one batch {grads[0][0]:.4f}: "
+        "return the mean of the micro-batches' losses")
+    ratio = (grads[1][1].norm() / grads[0][1].norm()).item()
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-7), (
+        f"with grad_accum=2 the gradients are {ratio:.2f} times one big batch's"
+        + (": divide each micro-batch's loss by grad_accum before backward(), so the gradients "
+           "add up to the mean" if abs(ratio - 2) < 0.01 else ""))
 
 
 def test_run_writes_log_and_a_complete_checkpoint(reference):

@@ -6,6 +6,7 @@ tests run there in forks of the warm interpreter (tests/chapters.py), as `workal
 """
 
 import ast
+import os
 import re
 import subprocess
 
@@ -311,3 +312,115 @@ def test_stubs_do_not_quote_another_bodys_paragraph():
                 assert not shown[mine][1] or shown[mine][1] != shown[other][1], (mine, other)
                 checked += 1
     assert checked
+
+
+def test_a_failing_assertion_shows_its_line_its_values_and_the_tests_message(tmp_path, capsys):
+    """It showed `assert False` and nothing else."""
+    mine = buildup.state(4)["embed.py"].replace("std=0.02)", "std=0.2)")
+    (tmp_path / "embed.py").write_text(mine)
+    assert workalong.main(["04", "--dir", str(tmp_path), "--tests", "--", "-k",
+                           "small_normals"]) == 1
+    out = capsys.readouterr().out
+    assert f"at {tmp_path / 'embed.py'}" not in out  # the failing line is the test's
+    assert "at tests/test_embed.py:" in out and "> assert" in out
+    assert "tok_emb.weight starts with std 0.200" in out  # the test's message, with the value
+
+
+def test_pytests_traceback_flags_are_passed_through(tmp_path, capsys):
+    mine = buildup.state(4)["embed.py"].replace("std=0.02)", "std=0.2)")
+    (tmp_path / "embed.py").write_text(mine)
+    assert workalong.main(["04", "--dir", str(tmp_path), "--tests", "--", "-k",
+                           "small_normals", "--tb=long"]) == 1
+    out = capsys.readouterr().out
+    assert "def test_tables_start_as_small_normals" in out  # --tb=long shows the whole test
+
+
+def test_a_differing_check_shows_the_lines_that_differ():
+    expected = ["params           532,480", "input ids        (2, 8)", "...", "std 0.0283"]
+    actual = ["params           532,480", "input ids        (2, 9)", "extra", "std 0.0283"]
+    assert workalong.differences(actual, expected) == ["- input ids        (2, 8)",
+                                                       "+ input ids        (2, 9)"]
+    assert workalong.differences(["std 0.0284"], ["std 0.0283"]) == []  # within tolerance
+    assert workalong.differences(["a 1", "c 3"], ["a 1", "b 2", "c 3"]) == ["- b 2"]
+
+
+def test_workalong_prints_the_changes_to_earlier_files_it_asks_for(tmp_path, capsys):
+    """Chapter 07's change to multihead.py was printed only by --plan."""
+    (tmp_path / "multihead.py").write_text(buildup.state(6)["multihead.py"])
+    workalong.print_changes(7, tmp_path)
+    out = capsys.readouterr().out
+    assert f"change       {tmp_path / 'multihead.py'}: MultiHeadAttention.__init__" in out
+    assert "apply it to your file" in out
+    assert "+         self.proj.residual_output = True" in out
+    (tmp_path / "multihead.py").write_text(buildup.state(7)["multihead.py"])
+    workalong.print_changes(7, tmp_path)
+    assert capsys.readouterr().out.rstrip().endswith(": applied")
+
+
+def test_a_second_run_on_the_same_folder_is_refused_while_the_first_holds_it(tmp_path, capsys):
+    """Issue 36, BAD 4: a second run deleted mine/.build under the first one."""
+    (tmp_path / "embed.py").write_text(buildup.state(4)["embed.py"])
+    first = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / ".build.lock").write_text(f"{first.pid}\n")
+        for args in (["--tests"], ["--run", "--", "python", "-c", "pass"]):
+            with pytest.raises(SystemExit, match=rf"another workalong run \(process {first.pid}\)"
+                                                 r" is using .*\.build: wait until it ends"):
+                workalong.main(["05", "--dir", str(tmp_path), *args])
+        assert not (tmp_path / ".build").exists()
+    finally:
+        first.kill()
+        first.wait()
+    where = workalong.build(5, tmp_path)  # its process gone, the lock is stale: taken over
+    with workalong.holding(tmp_path):
+        assert (tmp_path / ".build.lock").read_text().strip() == str(os.getpid())
+    assert not (tmp_path / ".build.lock").exists() and where.is_dir()
+
+
+def test_the_build_is_reused_while_the_same_files_are_linked(tmp_path):
+    (tmp_path / "embed.py").write_text("# mine\n")
+    where = workalong.build(5, tmp_path)
+    (where / "notes.txt").write_text("kept\n")
+    assert workalong.build(5, tmp_path) == where and (where / "notes.txt").exists()
+    (tmp_path / "attention.py").write_text("# mine too\n")  # one more of yours: built again
+    workalong.build(5, tmp_path)
+    assert not (where / "notes.txt").exists()
+    assert (where / "tiny_llm" / "attention.py").resolve() == (tmp_path / "attention.py").resolve()
+
+
+def test_state_keeps_your_edits_and_your_files(tmp_path):
+    """Issue 36, BAD 5: --state 06 over --state 05 deleted an edit and a file the learner added."""
+    out = tmp_path / "st"
+    assert workalong.main(["--state", "05", "--out", str(out)]) == 0
+    (out / "tiny_llm" / "attention.py").write_text("# my edit\n")
+    (out / "tiny_llm" / "mynotes.txt").write_text("notes\n")
+    with pytest.raises(SystemExit, match=r"holds files --state did not write, or that changed "
+                                         r"since \(tiny_llm/attention.py, tiny_llm/mynotes.txt\)"):
+        workalong.main(["--state", "06", "--out", str(out)])
+    assert (out / "tiny_llm" / "attention.py").read_text() == "# my edit\n"
+    assert (out / "tiny_llm" / "mynotes.txt").read_text() == "notes\n"
+    (out / "tiny_llm" / "mynotes.txt").unlink()
+    (out / "tiny_llm" / "attention.py").write_text(buildup.state(5)["attention.py"])
+    (out / "tiny_llm" / "__pycache__").mkdir()  # Python's cache is nobody's edit
+    (out / "tiny_llm" / "__pycache__" / "x.pyc").write_bytes(b"")
+    assert workalong.main(["--state", "06", "--out", str(out)]) == 0
+    assert (out / "tiny_llm" / "multihead.py").is_file()
+
+
+def test_a_dir_that_is_a_file_is_refused_in_a_sentence(tmp_path, capsys):
+    """Issue 36: --dir pointing at a file gave a FileExistsError traceback."""
+    (tmp_path / "notes").write_text("mine\n")
+    with pytest.raises(SystemExit):
+        workalong.main(["05", "--dir", str(tmp_path / "notes")])
+    assert f"--dir {tmp_path / 'notes'} is a file: give the folder" in capsys.readouterr().err
+    assert (tmp_path / "notes").read_text() == "mine\n"
+
+
+def test_a_kept_builds_last_report_is_never_read_as_this_runs(tmp_path):
+    (tmp_path / "embed.py").write_text(buildup.state(4)["embed.py"])
+    where = workalong.build(4, tmp_path)
+    (where / "report.xml").write_text('<testsuite><testcase name="old"/></testsuite>')
+    (where / "tests").unlink()  # pytest finds no tests folder now: no report of its own
+    (where / "tests").mkdir()
+    code, results = workalong.run_tests(where, "embed")
+    assert code != 0 and [name for name, *_ in results] == ["collecting the tests"]

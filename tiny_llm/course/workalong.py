@@ -2,6 +2,7 @@
 
     uv run workalong 05 --plan    # what step 05 asks of you, and where
     uv run workalong 05           # make mine/attention.py, test it, check it
+    uv run workalong 05 --tests   # only the step's tests: the quick loop while you write
     uv run workalong 05 --run -- python scripts/smoke_test.py  # on your code
     uv run workalong --state 05 --out DIR   # the package after step 05
 
@@ -12,19 +13,24 @@ else the paragraph that introduces its code), not its code. And where a later ch
 module you wrote earlier (step 12 gives attention a cache), you apply the chapter's diff to your
 own file.
 
-Each run builds the package as it stands at the step in `mine/.build/`, afresh: the folder is
-deleted and written again (it holds a marker, MARKER, so nothing else is ever deleted), with the
-course's state at that step and every module you have written (`mine/<module>.py` of this step
-or an earlier one) linked in its place. Then it runs the step's tests there, and the chapter's
-checks, and compares what they print with the chapter; each command is stopped after
-`--timeout` seconds. `--run -- python ...` runs any course command on that build, from where
-you are. Your files are only ever read: the one file a run writes in `mine/` is a step's
-skeleton where you have none yet; `--fresh` writes a new skeleton beside yours
-(`mine/attention.fresh.py`) and leaves yours exactly as it is.
+Each run builds the package as it stands at the step in `mine/.build/`: the course's state at
+that step with every module you have written (`mine/<module>.py` of this step or an earlier
+one) linked in its place. The folder is deleted and written again when the step or the set of
+your files changed (it holds a marker, MARKER, so nothing else is ever deleted), and kept
+otherwise. A run holds `mine/.build.lock` meanwhile: a second run on the same folder stops and
+says so instead of rebuilding under the first. Then it runs the step's tests there and shows
+each failure's line, values and message, and the chapter's checks, comparing what they print
+with the chapter line by line; each command is stopped after `--timeout` seconds.
+`--run -- python ...` runs any course command on that build, from where you are. Your files
+are only ever read: the one file a run writes in `mine/` is a step's skeleton where you have
+none yet; `--fresh` writes a new skeleton beside yours (`mine/attention.fresh.py`) and leaves
+yours exactly as it is.
 """
 
 import argparse
 import ast
+import difflib
+import hashlib
 import itertools
 import os
 import re
@@ -34,10 +40,12 @@ import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from contextlib import contextmanager
 from pathlib import Path
 
 from tiny_llm.course import buildup
 from tiny_llm.course.buildup import ROOT, STEPS, squash
+from tiny_llm.files import lock_holder, take_lock
 
 LINKED = ("tests", "solutions", "scripts", "steps")  # what the tests read from the repository
 MARKER = ".tiny-llm-workalong"  # in every folder workalong writes: only such a folder is rewritten
@@ -314,7 +322,7 @@ def check_ours(folder, fix):
     if not (folder / MARKER).is_file():
         raise SystemExit(f"{name} is not empty and workalong did not write it (it holds no "
                          f"{MARKER}): nothing in it was touched. {fix}")
-    ours = (folder / MARKER).read_text().split()
+    ours = (folder / MARKER).read_text().partition("\n")[0].split()
     other = sorted(p.name for p in folder.iterdir() if p.name not in {*ours, MARKER})
     if other and "*" not in ours:
         raise SystemExit(f"{name} holds what workalong did not write ({', '.join(other)}): "
@@ -333,18 +341,83 @@ def fresh_folder(folder, fix, names="*"):
     return folder
 
 
+def manifest(folder):
+    """{path relative to `folder`: sha256} of every file under folder/tiny_llm/."""
+    package = Path(folder) / "tiny_llm"
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(package.rglob("*")) if (p.is_file() or p.is_symlink())
+            and "__pycache__" not in p.parts}  # Python's own caches are not anyone's edits
+
+
+def changed_since_written(folder):
+    """The files under folder/tiny_llm/ that --state did not write there, or that were changed
+    since (MARKER lists each file it wrote with its sha256): a learner's edits and notes."""
+    lines = (Path(folder) / MARKER).read_text().splitlines()[1:]
+    written = {path: digest for digest, path in (line.split("  ", 1) for line in lines
+                                                 if "  " in line)}
+    if not written:  # a marker from before the list: nothing can be told apart, so all count
+        raise SystemExit(f"{folder} was written by an older workalong, which kept no list of "
+                         "what it wrote, so your edits there cannot be told apart: nothing in it "
+                         "was touched. Pick a new or empty folder for --out, or move this one "
+                         "away.")
+    return [path for path, digest in manifest(folder).items() if written.get(path) != digest]
+
+
 def write_state(step, out):
     """--state NN --out DIR: the package at the end of `step` in DIR/tiny_llm/, in a folder that
-    is new, empty, or written here before."""
-    fresh_folder(out, "Pick a new or empty folder for --out.", names="tiny_llm")
-    return buildup.write_state(step, out)
+    is new, empty, or written here before, with none of its files changed or added since."""
+    fix = "Pick a new or empty folder for --out."
+    if (Path(out) / MARKER).is_file() and (Path(out) / "tiny_llm").is_dir():
+        check_ours(out, fix)
+        if changed := changed_since_written(out):
+            shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if changed[8:]
+                                              else "")
+            raise SystemExit(f"{out} holds files --state did not write, or that changed since "
+                             f"({shown}): nothing in it was touched. {fix}")
+    fresh_folder(out, fix, names="tiny_llm")
+    folder = buildup.write_state(step, out)
+    listed = "".join(f"{digest}  {path}\n" for path, digest in manifest(out).items())
+    (Path(out) / MARKER).write_text(f"tiny_llm\n{listed}")
+    return folder
+
+
+@contextmanager
+def holding(folder):
+    """Hold `folder`/.build.lock while a run builds and uses `folder`/.build: a second run on
+    the same folder would delete the build under the first one and give both false results."""
+    lock = Path(folder) / ".build.lock"
+    Path(folder).mkdir(parents=True, exist_ok=True)  # the build goes there anyway
+    def in_use(who):
+        return SystemExit(f"another workalong run ({who}) is using {Path(folder) / '.build'}: "
+                          "wait until it ends, or give this one its own folder with --dir")
+
+    take_lock(lock, in_use)
+    try:
+        yield
+    finally:
+        if lock_holder(lock) == os.getpid():
+            lock.unlink(missing_ok=True)
+
+
+def fingerprint(step, folder):
+    """What a build at `step` is made of: the course's files at the step and which of the
+    learner's files are linked in (their content is read through the links at each run)."""
+    parts = sorted(buildup.state(step).items()) + [(m, str(p.resolve()))
+                                                   for m, p in yours(step, folder).items()]
+    return hashlib.sha256(repr([step, str(ROOT), parts]).encode()).hexdigest()
 
 
 def build(step, folder):
-    """mine/.build/, written afresh: the package at the end of `step`, the learner's modules
-    linked in; a folder to run the step's tests and checks in (`python -m` and pytest find its
-    tiny_llm/ first). Returns its absolute path."""
+    """mine/.build/: the package at the end of `step`, the learner's modules linked in; a folder
+    to run the step's tests and checks in (`python -m` and pytest find its tiny_llm/ first).
+    Written afresh unless the last build was of the same step with the same files linked
+    (its MARKER records that): then it is used again. Returns its absolute path."""
     where = Path(folder).absolute() / ".build"
+    made_of = fingerprint(step, folder)
+    if (where / MARKER).is_file() and not (where / MARKER).is_symlink():
+        if (where / MARKER).read_text().split()[1:2] == [made_of] and all(
+                (where / name).is_symlink() for name in LINKED):
+            return where
     fresh_folder(where, f"Move it away, or delete it (rm -r {Path(folder) / '.build'}) if it is "
                         "a build an older workalong made.")
     buildup.write_state(step, where)
@@ -355,6 +428,7 @@ def build(step, folder):
     for name in LINKED:
         (where / name).symlink_to(ROOT / name)
     shutil.copy(ROOT / "pyproject.toml", where / "pyproject.toml")
+    (where / MARKER).write_text(f"*\n{made_of}\n")  # written last: a build cut short is redone
     return where
 
 
@@ -406,9 +480,43 @@ def run_python(argv, cwd, env, timeout, capture=True):
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+def print_changes(step, folder):
+    """Say, for each change chapter `step` makes to a module of an earlier step, whether the
+    learner's file has it yet, and show the lines to change where it does not: a test of this
+    step may need it."""
+    chapter = buildup.chapter_path(step).name
+    for hunk in buildup.hunks(step):
+        mine = Path(folder) / hunk.file
+        what = f"{hunk.label} (steps/{chapter}:{hunk.line})" if hunk.label else \
+            f"steps/{chapter}:{hunk.line}"
+        if not mine.is_file():
+            print(f"change       tiny_llm/{hunk.file}: {what}; you have no {mine}: the "
+                  "course's, changed, is used")
+        elif squash("\n".join(hunk.new)) in squash(mine.read_text()):
+            print(f"change       {mine}: {what}: applied")
+        else:
+            print(f"change       {mine}: {what}: apply it to your file, as the chapter shows:")
+            for line in diff_lines(hunk):
+                print(f"             {line}")
+
+
+def diff_lines(hunk):
+    """The hunk as its chapter shows it: ' ' context, '-' lines to remove, '+' lines to add."""
+    shown = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, hunk.old, hunk.new,
+                                                       autojunk=False).get_opcodes():
+        if tag == "equal":
+            shown += [f"  {line}" for line in hunk.old[i1:i2]]
+        else:
+            shown += [f"- {line}" for line in hunk.old[i1:i2]]
+            shown += [f"+ {line}" for line in hunk.new[j1:j2]]
+    return shown
+
+
 def run_tests(where, module, extra=(), timeout=TIMEOUT):
     """Run tests/test_<module>.py in the build folder: (exit code, [(test, passed, note)])."""
     report = Path(where).absolute() / "report.xml"  # pytest runs in `where`: a path from here
+    report.unlink(missing_ok=True)  # a kept build holds the last run's: never read it as this one's
     argv = ["-m", "pytest", f"tests/test_{module}.py", "-n", "0", "-q", "--tb=short", "-p",
             "no:cacheprovider", f"--junitxml={report}", "-o", "junit_family=xunit1", *extra]
     try:
@@ -423,23 +531,63 @@ def run_tests(where, module, extra=(), timeout=TIMEOUT):
     for case in ET.parse(report).getroot().iter("testcase"):
         problem = case.find("failure")
         problem = case.find("error") if problem is None else problem
-        results.append((case.get("name"), problem is None, note(problem)))
+        results.append((case.get("name"), problem is None, note(problem, show_full(extra))))
+    if not results and proc.returncode:  # no test ran: pytest's own words say why
+        output = (proc.stdout + proc.stderr)[-1500:].strip()
+        return proc.returncode, [("collecting the tests", False, output)]
     return proc.returncode, results
 
 
-def note(problem):
-    """What a learner needs from a failure: its message, and the message a test expected."""
+def note(problem, full=False):
+    """What a learner needs from a failure: where it failed, the assertion with its values and
+    the test's own message, and the message a test expected. `full`: pytest's whole report of
+    the failure, in the traceback style the learner asked for (-- --tb=long)."""
     if problem is None:
         return ""
-    message = (problem.get("message") or "").strip().splitlines()
-    text = problem.text or ""
-    lines = message[:1]
-    lines += [m.strip() for m in message[1:] if m.strip().startswith(("Regex", "Input",
-                                                                       "Expected", "Actual"))]
+    text = (problem.text or "").strip()
+    if full:
+        return text
+    traceback = text.splitlines()
+    ends = [n for n, line in enumerate(traceback) if line.startswith("E ") or line == "E"]
+    if not ends:
+        return (problem.get("message") or "").strip().splitlines()[0][:300]
+    first = ends[-1]
+    while first - 1 in ends:  # the last block of `E` lines: the error the test ended with
+        first -= 1
+    where = [line for line in traceback[:first] if re.match(r"^\S.*:\d+: in ", line)]
+    lines = [f"at {where[-1]}" if where else "", f"> {traceback[first - 1].strip()}"]
+    lines += [line[2:].strip() for line in traceback[first : ends[-1] + 1]][:16]  # the error
     expected = re.findall(r"match=(r?['\"].*?['\"])\)?:?$", text, re.M)
-    if "DID NOT RAISE" in " ".join(message) and expected:
+    if "DID NOT RAISE" in text and expected:
         lines.append(f"the test expects an error matching {expected[-1]}")
-    return "\n".join(line[:300] for line in lines)
+    return "\n".join(line[:300] for line in lines if line.strip("> "))
+
+
+def show_full(extra):
+    """Whether the pytest flags after `--` ask for pytest's own report of each failure: a
+    traceback style (--tb=long), locals (-l) or more verbose assertions (-vv)."""
+    return any(a.startswith(("--tb", "-l", "--showlocals", "-vv", "--verbose")) or a == "-v"
+               for a in extra)
+
+
+def differences(actual, expected):
+    """The lines where what ran differs from what the chapter shows, as '- chapter' and
+    '+ yours' lines (numbers within the chapter's tolerance count as equal)."""
+    actual = [line for line in actual if line.strip()]
+    expected = [line for line in expected if line.strip()]
+    key = [buildup.NUMBER.sub("#", squash(line)) for line in actual]
+    want = [buildup.NUMBER.sub("#", squash(line)) for line in expected]
+    shown = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, want, key,
+                                                       autojunk=False).get_opcodes():
+        if tag == "equal":
+            pairs = [(e, a) for e, a in zip(expected[i1:i2], actual[j1:j2], strict=True)
+                     if not buildup.line_matches(a, e)]
+            shown += [line for e, a in pairs for line in (f"- {e}", f"+ {a}")]
+        else:
+            shown += [f"- {e}" for e in expected[i1:i2] if e.strip() != "..."]
+            shown += [f"+ {a}" for a in actual[j1:j2]] if want[i1:i2] != ["..."] else []
+    return shown
 
 
 def check_blocks(step):
@@ -478,7 +626,10 @@ def run_checks(where, step, timeout=TIMEOUT):
                 print(f"check        exit {proc.returncode}")
                 wrong += 1
             elif not buildup.output_matches(proc.stdout.splitlines(), expected):
-                print("check        printed something other than the chapter shows")
+                print("check        printed something other than the chapter shows "
+                      "(- the chapter, + yours):")
+                for line in differences(proc.stdout.splitlines(), expected)[:40]:
+                    print(f"             {line}")
                 wrong += 1
             else:
                 print("check        as the chapter shows")
@@ -573,7 +724,9 @@ def main(argv=None):
                         "(mine/<module>.fresh.py); yours stays as it is")
     parser.add_argument("--all", action="store_true", help="write every body but main, not just "
                         "what the chapter shows")
-    parser.add_argument("--no-check", action="store_true", help="run the tests only")
+    parser.add_argument("--tests", "--no-check", action="store_true", dest="no_check",
+                        help="run the step's tests only, not the chapter's checks: the quick "
+                        "loop while you write (the build is kept between runs)")
     parser.add_argument("--plan", action="store_true", help="only say what you would write")
     parser.add_argument("--run", action="store_true", help="run the command after -- on the "
                         "package at the step with your files, from here")
@@ -600,10 +753,14 @@ def main(argv=None):
         parser.error("give a step (e.g. 05), or --state NN --out DIR")
     step = step_number(args.step)
     module = STEPS[step - 1]
+    if args.dir.exists() and not args.dir.is_dir():
+        parser.error(f"--dir {args.dir} is a file: give the folder that holds (or will hold) "
+                     "your files, e.g. --dir mine")
     if args.plan:
         return print_plan(step, args.dir, everything=args.all)
     if args.run:
-        return run_mine(step, args.dir, extra, args.timeout)
+        with holding(args.dir):
+            return run_mine(step, args.dir, extra, args.timeout)
     timeout = args.timeout or TIMEOUT
     path = learner_file(module, args.dir, fresh=args.fresh, everything=args.all)
     if path.name != f"{module}.py":
@@ -614,11 +771,22 @@ def main(argv=None):
         print("summary      Python cannot read your file: fix the line above, then run the "
               "same command again")
         return 1
+    print_changes(step, args.dir)
+    with holding(args.dir):
+        return test_and_check(step, args, extra, files, path, timeout)
+
+
+def test_and_check(step, args, extra, files, path, timeout):
+    """Build, run the step's tests and (unless --tests) the chapter's checks; print a summary."""
+    module = STEPS[step - 1]
     where = build(step, args.dir)
     print(f"tests        tests/test_{module}.py on {Path(args.dir) / '.build'} (your "
           f"{', '.join(p.name for p in files.values())})", flush=True)
     code, results = run_tests(where, module, extra, timeout)
     said = set()
+    for module_name, mine in files.items():  # the build's link is the learner's own file
+        results = [(n, ok, why.replace(f"at tiny_llm/{module_name}.py:", f"at {mine}:"))
+                   for n, ok, why in results]
     for name, passed, why in results:
         print(f"  {'pass' if passed else 'FAIL'}  {name}")
         if why and why not in said:  # each failure message once: often all the same stub
