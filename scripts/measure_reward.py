@@ -9,8 +9,10 @@ and N free requests (a noun, a verb and an adjective from FREE_WORDS below, none
 COMMON_WORDS, which step 18's run asks for): the share of requested words used, the share of
 stories with every word, sentence inclusion, the share of stories with quoted speech when
 Dialogue was asked and when it was not, and bits per byte on the plain validation stories. The
-first checkpoint is also prompted with "Once upon a time" (the chance rate). --stories FILE
-keeps every story; --json FILE the table's numbers.
+first checkpoint is also prompted with "Once upon a time" (the chance rate). --boost S adds
+a row for each checkpoint with the sampler steered by step 18's WordBoost of strength S (the
+same model; only the sampling changes). --stories FILE keeps every story; --json FILE the
+table's numbers.
 """
 
 import argparse
@@ -19,13 +21,18 @@ import random
 import re
 from pathlib import Path
 
+import torch
+
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.data import load_token_array
 from tiny_llm.evaluate import bits_per_byte
-from tiny_llm.instruct import derived_records, measure
+from tiny_llm.generate import DEFAULTS, complete
+from tiny_llm.instruct import derived_records, measure, render_request
+from tiny_llm.kvcache import fresh_cache
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.prepared import load_meta
-from tiny_llm.request_data import COMMON_WORDS, uses_word
+from tiny_llm.request_data import COMMON_WORDS, score_story, uses_word
+from tiny_llm.reward import WordBoost
 from tiny_llm.tokenize import load_tokenizer
 
 # Common words of children's stories that COMMON_WORDS does not hold, several of them rarer in
@@ -50,6 +57,21 @@ def free_requests(n, seed=0):
              "sentence": None, "summary": None} for _ in range(n)]
 
 
+def boosted(model, tokenizer, requests, max_new_tokens, seed, strength):
+    """instruct.measure's numbers and stories, the sampler steered by a WordBoost."""
+    generator, cache = torch.Generator().manual_seed(seed), fresh_cache(model)
+    scores, stories = [], []
+    for request in requests:
+        prompt = render_request(**request)
+        steer = WordBoost(tokenizer, request["words"], strength, len(tokenizer.encode(prompt).ids))
+        story = complete(model, tokenizer, prompt, max_new_tokens, generator, cache=cache,
+                         steer=steer, **DEFAULTS)[len(prompt):]
+        scores.append(score_story(request, story))
+        stories.append(story)
+    means = {k: [s[k] for s in scores if s[k] is not None] for k in scores[0]}
+    return {k: sum(v) / len(v) if v else None for k, v in means.items()}, stories
+
+
 def table_row(requests, stories):
     """The table's numbers for one set of requests and the stories written for them."""
     every = [all(uses_word(s, w) for w in r["words"]) for r, s in zip(requests, stories,
@@ -69,6 +91,7 @@ def main():
     parser.add_argument("--data-dir", type=Path, required=True)
     for flag, kind, default in [("--n", int, 100), ("--max-new-tokens", int, 150),
                                 ("--seed", int, 0), ("--stories", Path, None),
+                                ("--boost", float, 0.0),
                                 ("--json", Path, None)]:  # --stories, --json: files to write
         parser.add_argument(flag, type=kind, default=default)
     args = parser.parse_args()
@@ -85,9 +108,18 @@ def main():
         model, _ = model_from_checkpoint(path, data_dir=args.data_dir)
         loss = evaluate_loss(model, valid)["loss"]
         bpb = bits_per_byte(loss, meta["valid"]["tokens"], meta["valid"]["bytes"])
-        for label, plain in [("chance", True)] * (i == 0) + [("request", False)]:
-            held, s1 = measure(model, tokenizer, held_out, args.max_new_tokens, args.seed, plain)
-            freed, s2 = measure(model, tokenizer, free, args.max_new_tokens, args.seed, plain)
+        rows = [("chance", True)] * (i == 0) + [("request", False)]
+        for label, plain in rows + [(f"boost {args.boost:g}", None)] * (args.boost > 0):
+            if plain is None:  # the same model, the sampler steered towards the words
+                held, s1 = boosted(model, tokenizer, held_out, args.max_new_tokens, args.seed,
+                                   args.boost)
+                freed, s2 = boosted(model, tokenizer, free, args.max_new_tokens, args.seed,
+                                    args.boost)
+            else:
+                held, s1 = measure(model, tokenizer, held_out, args.max_new_tokens, args.seed,
+                                   plain)
+                freed, s2 = measure(model, tokenizer, free, args.max_new_tokens, args.seed,
+                                    plain)
             row = {"held_words": held["words"], **{f"held_{k}": v for k, v in
                                                    table_row(held_out, s1).items()},
                    "sentence": held["sentence"], "free_words": freed["words"],

@@ -154,7 +154,7 @@ def test_bad_sampling_settings_are_refused(kwargs, match):
 
 
 def test_prompt_must_be_one_row_of_ids():
-    with pytest.raises(ValueError, match=r"\(1, T\) tensor.*got \(3,\)"):
+    with pytest.raises(ValueError, match=r"\((1|B), T\) tensor.*got \(3,\)"):  # B: step 18
         generate(tiny_gpt(), torch.tensor([1, 2, 3]), 2)
     with pytest.raises(ValueError, match=r"got \(1, 0\).*\[\[eot_id\]\]"):
         generate(tiny_gpt(), torch.zeros(1, 0, dtype=torch.long), 2)

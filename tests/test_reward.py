@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from solutions import ex18_reward
 from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from tiny_llm.data import load_token_array
+from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, PRESETS, GPTConfig
 from tiny_llm.instruct import (
     MixedRows,
@@ -14,9 +15,11 @@ from tiny_llm.instruct import (
     request_rows,
     takes_requests,
 )
-from tiny_llm.request_data import measure_line
+from tiny_llm.kvcache import fresh_cache
+from tiny_llm.request_data import content_words, derive_request, derived_records, measure_line
 from tiny_llm.reward import (
     RewardConfig,
+    WordBoost,
     advantages,
     grpo_loss,
     main,
@@ -53,6 +56,54 @@ def test_the_rollout_rows_train_the_story_tokens_only():
     assert x.tolist() == [[7, 8, 5, 6, 0, 0, 0], [7, 8, 5, 6, 4, 0, 0]]
     assert y.tolist()[0] == [-1, 5, 6, 0, -1, -1, -1]  # the EOT it wrote is a target
     assert y.tolist()[1] == [-1, 5, 6, 4, -1, -1, -1]  # cut short: no EOT to learn
+
+
+def test_the_sampler_writes_rows_of_one_prompt_each_on_its_own():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, max_seq_len=16, d_model=16, n_layers=1, n_heads=2))
+    idx = torch.tensor([[3, 4]] * 3)
+    greedy = generate(model, idx, 10, temperature=0, eot_id=None, cache=fresh_cache(model, 3))
+    one = generate(model, idx[:1], 10, temperature=0, eot_id=None)  # step 09's single row
+    assert greedy.shape == (3, 12) and all(torch.equal(row, one[0]) for row in greedy)
+    drawn = generate(model, idx, 10, generator=torch.Generator().manual_seed(0), eot_id=None,
+                     cache=fresh_cache(model, 3))
+    assert len({tuple(row) for row in drawn.tolist()}) > 1  # each row draws on its own
+    seen = []
+
+    def end_row_0(text, logits):  # a steer: row 0 always ends at once, the others never
+        seen.append(text.shape)
+        logits = logits.clone()
+        logits[0, 0], logits[1:, 0] = 100.0, -100.0
+        return logits
+
+    out = generate(model, idx, 5, generator=torch.Generator().manual_seed(1), eot_id=0,
+                   cache=fresh_cache(model, 3), steer=end_row_0)
+    assert out[0, 2:].tolist() == [0] * 5  # an ended row gets EOT until every row has
+    assert (out[1:, 2:] != 0).all() and seen == [(3, 2 + n) for n in range(5)]
+
+    def end_all(text, logits):
+        return torch.where(torch.arange(16) == 0, 100.0, -100.0).expand_as(logits)
+
+    assert generate(model, idx, 5, eot_id=0, steer=end_all).shape == (3, 3)  # all ended: stop
+
+
+def test_the_word_boost_leans_towards_the_words_not_used_yet(sample_data_dir):
+    tokenizer = load_tokenizer(sample_data_dir / "tokenizer.json")
+    V = tokenizer.get_vocab_size()
+    dog, long = (tokenizer.encode(" " + w).ids for w in ("dog", "xylophone"))
+    assert len(long) > 1  # a word spelled in several tokens
+    boost = WordBoost(tokenizer, ["dog", "xylophone"], 3.0, prompt_length=2)
+    used = [1, 2] + tokenizer.encode("The dogs sat").ids  # dog used ("dogs" counts)
+    begun = [1, 2] + tokenizer.encode("The cat").ids + long[:1]  # xylophone begun
+    zeros = torch.zeros(1, V)
+    out = boost(torch.tensor([used]), zeros)[0]
+    assert out.nonzero().flatten().tolist() == [long[0]] and out[long[0]] == 3.0
+    out = boost(torch.tensor([begun]), zeros)[0]
+    assert out[long[1]] == 3.0 and out[long[0]] == 0.0  # begun: the token that goes on
+    assert out[dog[0]] == 3.0 and out.sum() == 6.0
+    both = boost(torch.tensor([used, used]), torch.zeros(2, V))  # a batch: row by row
+    assert torch.equal(both[1], boost(torch.tensor([used]), zeros)[0])
+    assert zeros.abs().sum() == 0  # the scores it was given are left alone
 
 
 def tiny_pair(seed=0):
@@ -92,9 +143,9 @@ def test_the_policy_gradient_moves_only_story_tokens_by_their_advantage():
 
 
 def test_the_reward_rises_on_a_toy_reward_and_a_strong_kl_term_holds_it_back():
-    before, after, kl = toy_run(steps=30, kl_coef=0.05)
+    before, after, kl = toy_run(steps=60, kl_coef=0.05)
     assert before < 0.2 and after > 0.8 and kl > 0.5
-    _, held, small_kl = toy_run(steps=30, kl_coef=1.0)
+    _, held, small_kl = toy_run(steps=60, kl_coef=1.0)
     assert held < 0.3 and small_kl < 0.2
 
 
@@ -171,6 +222,32 @@ def test_request_share_mixes_request_rows_and_plain_windows(sample_data_dir):
         RequestConfig(request_share=0.5)  # no --requests to take them from
 
 
+def test_rare_request_words_and_several_requests_a_story(sample_data_dir):
+    story = "Tom and the dog played with a kite and a ball in the park."
+    using = {w: 1000 for w in content_words(story)} | {"kite": 1, "played": 2}
+    picks = [derive_request(story, seed, using)["words"] for seed in range(100)]
+    assert all("kite" in w and "played" in w for w in picks)  # 1/1 and 1/2 against 1/1000
+    assert len({w for words in picks for w in words}) > 3  # the third still varies
+    tokenizer = load_tokenizer(sample_data_dir / "tokenizer.json")
+    valid = load_token_array(sample_data_dir / "valid.bin")
+    one = derived_records(valid, tokenizer, 64, seed=0)
+    three = derived_records(valid, tokenizer, 64, seed=0, words="rare", per_story=3)
+    assert len(three) == 3 * len(one)
+    assert all(torch.equal(torch.as_tensor(three[3 * i + k][1]), torch.as_tensor(ids))
+               for i, (_, ids) in enumerate(one) for k in range(3))
+    assert any(three[3 * i][0]["words"] != three[3 * i + 1][0]["words"] for i in range(len(one)))
+    with pytest.raises(ValueError, match="request words must be any or rare"):
+        derived_records(valid, tokenizer, 64, 0, words="common")
+    cfg = RequestConfig(preset="tiny", requests="derived", data_dir=str(sample_data_dir))
+    train = load_token_array(sample_data_dir / "train.bin")
+    rows_1, _ = request_rows(cfg, train, valid, 64)
+    rows_2, valid_rows = request_rows(replace(cfg, requests_per_story=2), train, valid, 64)
+    assert len(rows_2) == 2 * len(rows_1) and len(valid_rows) == len(one)  # valid: one each
+    for bad in (dict(request_words="often"), dict(requests_per_story=0)):
+        with pytest.raises(ValueError, match="--request-words any or rare and"):
+            replace(cfg, **bad)
+
+
 def test_measure_line_says_what_the_story_did():
     asked = {"words": ("dog", "moon", "brave"), "features": ("Dialogue",),
              "sentence": "It was late.", "summary": None}
@@ -189,3 +266,10 @@ def test_write_measure_prints_what_the_story_did_and_its_reward(start, sample_da
     with pytest.raises(SystemExit):
         main(["write", "--checkpoint", str(start), "--measure"])
     assert "--measure scores a story against its request" in capsys.readouterr().err
+    main(["write", "--checkpoint", str(start), "--words", "dog,moon", "--max-new-tokens", "8",
+          "--measure", "--boost", "3", "--data-dir", str(sample_data_dir), "--device", "cpu"])
+    assert capsys.readouterr().out.splitlines()[-1].startswith("reward       ")
+    for flags in (["--boost", "3"], ["--words", "dog", "--boost", "-1"]):
+        with pytest.raises(SystemExit):
+            main(["write", "--checkpoint", str(start), *flags])
+        assert "--boost leans the sampler towards --words" in capsys.readouterr().err

@@ -88,17 +88,20 @@ def next_token_probs(logits, temperature=1.0, top_k=None, top_p=None):
 
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-             generator=None, eot_id=0, cache=None):
+             generator=None, eot_id=0, cache=None, steer=None):
     """Append up to `max_new_tokens` sampled tokens to the prompt `idx`.
 
     (1, T) int64 prompt in, (1, T + n) out with n <= max_new_tokens: it stops early, after
     appending `eot_id`, when the model ends the story (eot_id=None never stops early).
     temperature 0 is greedy (always the most likely token); `generator` makes draws repeatable.
     With a `cache` (step 12) the model reads each token once instead of the whole text again.
+    B prompts of one length, (B, T), write B stories at once (step 18): a row that has ended
+    is filled with eot_id until every row has. `steer(idx, logits)` may change the scores
+    before each draw (step 18's word boost).
     """
     was_training = model.training
     for next_id, _ in sample_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
-                                    generator, eot_id, cache):
+                                    generator, eot_id, cache, steer):
         idx = torch.cat([idx, next_id], dim=1)
     model.train(was_training)
     return idx
@@ -106,23 +109,24 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
 
 @torch.no_grad()
 def sample_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                  generator=None, eot_id=0, cache=None):
-    """generate()'s loop, handing out each token as it is made: yields (next id (1, 1), the
-    (1, V) logits it was drawn from). A caller can show a token at once, or stop by stopping
+                  generator=None, eot_id=0, cache=None, steer=None):
+    """generate()'s loop, handing out each token as it is made: yields (next ids (B, 1), the
+    (B, V) logits they were drawn from). A caller can show a token at once, or stop by stopping
     to ask. It leaves the model in eval mode."""
     check_sampling(temperature, top_k, top_p)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.shape[1] < 1:
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or 0 in idx.shape:
         shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
-        raise ValueError(f"idx must be a (1, T) tensor of token ids with T >= 1, got {shape}: "
-                         "for an empty prompt start from [[eot_id]]")
+        raise ValueError(f"idx must be a (B, T) tensor of token ids with B, T >= 1, got "
+                         f"{shape}: for an empty prompt start from [[eot_id]]")
     check_ids(idx, model.config.vocab_size, math.inf)  # the prompt is cropped below, not refused
     model.eval()  # no dropout while writing
     M = model.config.max_seq_len  # the model has no positions beyond this
     unread = idx[:, -M:]  # what a cache has not seen yet: the prompt, then one token a step
     if cache is not None:
         cache.reset()
+    ended = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)  # rows with an EOT
     for _ in range(max_new_tokens):
         if cache is None:
             logits, _ = model(idx[:, -M:])  # the whole context, every time
@@ -131,15 +135,20 @@ def sample_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p
                 cache.reset()  # so the cached keys are stale; read the last M tokens afresh
                 unread = idx[:, -M:]
             logits, _ = model(unread, cache=cache)
-        logits = logits[:, -1, :]  # (1, V): only the last position predicts the next token
+        logits = logits[:, -1, :]  # (B, V): only the last position predicts the next token
+        if steer is not None:  # the text so far, (B, T + n), and the scores to change
+            logits = steer(idx, logits)
         if temperature == 0:
             next_id = logits.argmax(dim=-1, keepdim=True)
         else:
             probs = next_token_probs(logits, temperature, top_k, top_p)
-            next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (1, 1)
+            next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+        if eot_id is not None:  # a row that has ended stays ended
+            next_id = next_id.masked_fill(ended[:, None], eot_id)
+            ended |= next_id[:, 0] == eot_id
         yield next_id, logits
         idx, unread = torch.cat([idx, next_id], dim=1), next_id
-        if eot_id is not None and next_id.item() == eot_id:
+        if ended.all():
             break
 
 
@@ -246,6 +255,9 @@ class WriteHooks:
 
     def written(self, args, story):  # the story just written, without its prompt (step 18)
         pass
+
+    def steer(self, args, tokenizer):  # a change to the scores before each draw (step 18)
+        return None
 
 
 def parse_args(argv=None, hooks=None):
@@ -360,7 +372,8 @@ def main(argv=None, hooks=None):
         try:  # printed as it is made: a long sample shows at once, and Ctrl-C keeps it
             out = stream_sample(model, tokenizer, args.prompt, args.max_new_tokens,
                                 lambda text: print(text, end="", flush=True), generator,
-                                hooks.cache(model), **sampling)
+                                hooks.cache(model), steer=hooks.steer(args, tokenizer),
+                                **sampling)
         except KeyboardInterrupt:
             print(flush=True)
             print(f"stopped by Ctrl-C: sample {i + 1} ends where it was", file=sys.stderr)

@@ -123,7 +123,8 @@ def request_rows(cfg, train_data, valid_data, seq_len):
     TinyStories-Instruct source (instruct_records). --request-share below 1: MixedRows."""
     tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
     if cfg.requests == "derived":
-        records = {split: derived_records(data, tokenizer, seq_len, cfg.seed)
+        records = {split: derived_records(data, tokenizer, seq_len, cfg.seed, cfg.request_words,
+                                          cfg.requests_per_story if split == "train" else 1)
                    for split, data in (("train", train_data), ("valid", valid_data))}
     else:
         records = instruct_records(cfg.requests, tokenizer)
@@ -239,12 +240,15 @@ class RequestConfig(TrainConfig):
     """Step 10's settings plus fine-tuning's: where it starts, its rows, its adapters."""
 
     command: ClassVar[str] = "tiny_llm.instruct train"
-    fixed_on_resume: ClassVar[tuple] = ("init_from", "requests", "lora_rank", "lora_alpha")
+    fixed_on_resume: ClassVar[tuple] = ("init_from", "requests", "lora_rank", "lora_alpha",
+                                        "request_words", "requests_per_story")
     init_from: str | None = None  # start from this checkpoint's weights
     requests: str | None = None  # request rows: derived, or a TinyStories-Instruct source
     lora_rank: int = 0  # > 0 trains LoRA adapters of this rank, the model frozen
     lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
     request_share: float = 1.0  # the share of rows with a request; below 1, plain windows too
+    request_words: str = "any"  # derived requests' words: any of a story's, or rare (likelier)
+    requests_per_story: int = 1  # derived requests read off each training story
 
     @classmethod
     def given_flags(cls, given):
@@ -267,6 +271,10 @@ class RequestConfig(TrainConfig):
             raise ValueError(f"--request-share is the share of rows that carry a request, in "
                              f"(0, 1], with --requests: got {self.request_share}: 1 fine-tunes "
                              "on requests alone, 0.5 pretrains on requests and plain stories")
+        if self.request_words not in ("any", "rare") or not (
+                isinstance(self.requests_per_story, int) and self.requests_per_story >= 1):
+            raise ValueError(f"need --request-words any or rare and --requests-per-story >= 1, "
+                             f"got {self.request_words!r} and {self.requests_per_story!r}")
         if self.story_starts and self.requests:
             raise ValueError("--requests rows each start at a request already: leave out "
                              "--story-starts")

@@ -68,11 +68,11 @@ class KVCache:
         return self.k.nbytes + self.v.nbytes
 
 
-def fresh_cache(model):
+def fresh_cache(model, batch_size=1):
     """An empty KVCache for `model`, on its device and in its dtype: what a command that writes
-    hands step 09's sampler (the studio, `instruct write`)."""
+    hands step 09's sampler (the studio, `instruct write`; step 18 writes a group at once)."""
     weight = next(model.parameters())
-    return KVCache(model.config, batch_size=1, device=weight.device, dtype=weight.dtype)
+    return KVCache(model.config, batch_size, device=weight.device, dtype=weight.dtype)
 
 
 def generate_cached(model, idx, max_new_tokens, **sampling):

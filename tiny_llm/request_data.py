@@ -10,6 +10,7 @@ rewards. The rules are stated once, here.
 """
 
 import itertools
+from collections import Counter
 import json
 import random
 import re
@@ -53,13 +54,21 @@ def sentences(text):
     return [s.strip() for s in found if 4 <= len(s.split()) <= 20]
 
 
-def derive_request(story, seed=0):
+def derive_request(story, seed=0, stories_using=None):
     """A request read off a story: three of its content words, one of its sentences (half the
     time) and Dialogue exactly when it has quoted speech. The same story and seed give the same
-    request, in any process (random.Random seeded by a string is deterministic)."""
+    request, in any process (random.Random seeded by a string is deterministic).
+    stories_using ({word: how many stories use it}): rarer words are likelier, a word's weight
+    1 / that count, so "kite" is asked for more than "play": a story that uses a rare word it
+    was asked for has copied it, where a common one it would have written anyway."""
     rng = random.Random(f"{seed}:{story}")
     words = content_words(story)
-    request = {"words": tuple(rng.sample(words, min(3, len(words)))),
+    if stories_using is None:
+        chosen = rng.sample(words, min(3, len(words)))
+    else:  # weighted draws without replacement: the 3 largest u ** (1 / weight) (Efraimidis)
+        keys = {w: rng.random() ** stories_using.get(w, 1) for w in words}
+        chosen = sorted(words, key=keys.get, reverse=True)[:3]
+    request = {"words": tuple(chosen),
                "features": ("Dialogue",) if re.search(r"\"[^\"]+\"", story) else (),
                "sentence": None, "summary": None}
     if (found := sentences(story)) and rng.random() < 0.5:
@@ -191,15 +200,21 @@ def story_ids(tokens, eot_id=0):
             if e > s]
 
 
-def derived_records(tokens, tokenizer, seq_len, seed):
+def derived_records(tokens, tokenizer, seq_len, seed, words="any", per_story=1):
     """(request, story ids) for each story of a token file, the request read off the part of
     the story that fits behind it (the rest is cut, so asking for a word it never sees would
-    teach the model to ignore requests)."""
+    teach the model to ignore requests). words="rare" weighs each word by 1 / the number of
+    the file's stories that use it (derive_request); per_story > 1 reads that many requests
+    off each story (seeds seed, seed+1, ...), so its story is asked for in several ways."""
+    if words not in ("any", "rare"):
+        raise ValueError(f"request words must be any or rare, got {words!r}")
     stories = story_ids(tokens)
     fits = tokenizer.decode_batch([s[: seq_len - REQUEST_ROOM].tolist() for s in stories])
     # the fitting part may end inside a word: read the request off whole words only
-    return [(derive_request(text.rsplit(" ", 1)[0], seed), ids)
-            for text, ids in zip(fits, stories, strict=True)]
+    texts = [text.rsplit(" ", 1)[0] for text in fits]
+    using = Counter(w for text in texts for w in content_words(text)) if words == "rare" else None
+    return [(derive_request(text, seed + k, using), ids)
+            for text, ids in zip(texts, stories, strict=True) for k in range(per_story)]
 
 
 def instruct_records(source, tokenizer):

@@ -32,6 +32,7 @@ from tiny_llm.budget import parse_duration
 from tiny_llm.checkpoint import class_path, load_checkpoint, model_from_state, save_checkpoint
 from tiny_llm.data import ensure_data, load_token_array
 from tiny_llm.files import save_figure
+from tiny_llm.device import pick_device
 from tiny_llm.generate import generate
 from tiny_llm.generate import main as write_command
 from tiny_llm.gpt import GPT, GPTConfig
@@ -45,7 +46,7 @@ from tiny_llm.instruct import (
 )
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
-from tiny_llm.request_data import free_request, measure_line, score_story
+from tiny_llm.request_data import free_request, measure_line, score_story, uses_word
 from tiny_llm.tokenize import EOT, load_tokenizer
 
 
@@ -68,16 +69,13 @@ def advantages(rewards):
 
 @torch.no_grad()
 def sample_group(model, prompt, group_size, max_new_tokens, generator, eot_id=0):
-    """group_size stories for one prompt (a list of ids), each written by step 09's generate at
-    temperature 1 through one step-12 cache: a list of (story ids, ended with EOT or not)."""
-    idx = torch.tensor([prompt], device=next(model.parameters()).device)
-    cache, group = fresh_cache(model), []
-    for _ in range(group_size):
-        out = generate(model, idx, max_new_tokens, generator=generator, eot_id=eot_id,
-                       cache=cache)[0, len(prompt):].tolist()
-        ended = bool(out) and out[-1] == eot_id
-        group.append((out[:-1] if ended else out, ended))
-    return group
+    """group_size stories for one prompt (a list of ids), written together by step 09's
+    generate at temperature 1, one row each, through one step-12 cache of group_size rows:
+    a list of (story ids, ended with EOT or not)."""
+    idx = torch.tensor([prompt] * group_size, device=next(model.parameters()).device)
+    rows = generate(model, idx, max_new_tokens, generator=generator, eot_id=eot_id,
+                    cache=fresh_cache(model, group_size))[:, len(prompt):].tolist()
+    return [(row[:row.index(eot_id)], True) if eot_id in row else (row, False) for row in rows]
 
 
 def rollout_rows(prompt, group, eot_id, seq_len):
@@ -119,8 +117,10 @@ def reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot
         rows.append(rollout_rows(prompt, group, eot_id, model.config.max_seq_len))
         rewards.append([score(i, story) for story, _ in group])
     rewards = torch.tensor(rewards)  # (N, G)
-    x, y = (torch.cat(t) for t in zip(*rows, strict=True))  # (N·G, T)
-    loss, kl = grpo_loss(model, reference, x, y, advantages(rewards).flatten(), cfg.kl_coef)
+    device = next(model.parameters()).device
+    x, y = (torch.cat(t).to(device) for t in zip(*rows, strict=True))  # (N·G, T)
+    loss, kl = grpo_loss(model, reference, x, y, advantages(rewards).flatten().to(device),
+                         cfg.kl_coef)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -145,6 +145,7 @@ class RewardConfig:
     free_share: float = 0.5  # the share of requests drawn from COMMON_WORDS, the rest derived
     save_interval: int = 20  # save a checkpoint every this many updates (and at the end)
     seed: int = 1337
+    device: str | None = None  # cuda, mps or cpu (default: the best available)
     data_dir: str = str(DATA_DIR)
     resume: bool = False  # continue the run saved in out/ckpt.pt
 
@@ -172,7 +173,7 @@ def draw_requests(records, cfg, generator):
     return requests
 
 
-def save(path, model, optimizer, generator, step, cfg, start, records):
+def save(path, model, optimizer, generators, step, cfg, start, records):
     """An ordinary checkpoint (generate, evaluate, the studio and export read it) that keeps
     the starting model's training settings, plus what a reward run resumes from."""
     save_checkpoint(path, {
@@ -181,7 +182,7 @@ def save(path, model, optimizer, generator, step, cfg, start, records):
         "data_source": start.get("data_source", "unknown"),
         "train_config": start.get("train_config", {}),  # what it learned to read: requests
         "reward": {"config": asdict(cfg), "optimizer": optimizer.state_dict(),
-                   "generator": generator.get_state(), "records": records}})
+                   "generators": [g.get_state() for g in generators], "records": records}})
 
 
 def train_reward(cfg):
@@ -199,19 +200,24 @@ def train_reward(cfg):
         print(f"note: {cfg.init_from} was not trained on requests: GRPO starts from the stories "
               "it writes zero-shot, which rarely use a requested word", file=sys.stderr)
     torch.manual_seed(cfg.seed)
-    model, reference = model_from_state(saved or start), model_from_state(start).eval()
-    reference.requires_grad_(False)
+    device = pick_device(cfg.device)
+    model = model_from_state(saved or start).to(device)
+    reference = model_from_state(start).to(device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(cfg.seed)
+    # one generator draws the requests (on the CPU), one the stories (where the model is)
+    generator, sampler = (torch.Generator(d).manual_seed(cfg.seed) for d in ("cpu", device))
     records = []
     if saved:
         optimizer.load_state_dict(saved["reward"]["optimizer"])
-        generator.set_state(saved["reward"]["generator"])
+        for g, state in zip((generator, sampler), saved["reward"]["generators"], strict=True):
+            g.set_state(state)
         records = saved["reward"]["records"]
     tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
     ensure_data(Path(cfg.data_dir))  # the first million tokens (5,000 stories) ask enough
     stories = load_token_array(Path(cfg.data_dir) / "train.bin")[:1_000_000]
-    records_of_stories = derived_records(stories, tokenizer, model.config.max_seq_len, cfg.seed)
+    words = start.get("train_config", {}).get("request_words", "any")  # as it learned them
+    records_of_stories = derived_records(stories, tokenizer, model.config.max_seq_len, cfg.seed,
+                                         words)
     eot_id = tokenizer.token_to_id(EOT)
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)
     step, last_s = len(records), 0.0
@@ -222,18 +228,18 @@ def train_reward(cfg):
         requests = draw_requests(records_of_stories, cfg, generator)
         prompts = [tokenizer.encode(render_request(**r)).ids for r in requests]
         score = scorer(requests, tokenizer)
-        log = reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot_id)
+        log = reward_step(model, reference, optimizer, prompts, score, cfg, sampler, eot_id)
         step, last_s = step + 1, time.perf_counter() - t0
         records.append({"step": step, **log, "time_s": time.perf_counter() - clock})
         print(f"{'step ' + str(step):<12} reward {log['reward']:.3f}  full {log['full']:.2f}  "
               f"kl {log['kl']:.4f}", flush=True)
         if step % cfg.save_interval == 0:
-            save(ckpt_path, model, optimizer, generator, step, cfg, start, records)
-    save(ckpt_path, model, optimizer, generator, step, cfg, start, records)
+            save(ckpt_path, model, optimizer, (generator, sampler), step, cfg, start, records)
+    save(ckpt_path, model, optimizer, (generator, sampler), step, cfg, start, records)
     return records
 
 
-def toy_run(steps=30, kl_coef=0.05, seed=0):
+def toy_run(steps=60, kl_coef=0.05, seed=0):
     """The check's demo: a tiny GPT over 8 tokens, asked with a one-token prompt [r] for r in
     1..3, rewarded by the share of its 8-token story equal to r. Returns (reward before, after,
     the KL to the start at the end), each a mean over the updates' groups."""
@@ -265,7 +271,7 @@ def check():
     print(f"{'advantages':<12} {[round(x, 3) for x in a[0]]} and {a[1]} (a group that agrees)")
     for kl_coef in (0.05, 1.0):  # a strong KL term holds the model where it started
         before, after, kl = toy_run(kl_coef=kl_coef)
-        print(f"{'toy run':<12} kl_coef {kl_coef}: reward {before:.3f} -> {after:.3f} in 30 "
+        print(f"{'toy run':<12} kl_coef {kl_coef}: reward {before:.3f} -> {after:.3f} in 60 "
               f"updates, KL to the start {kl:.3f}")
 
 
@@ -288,18 +294,53 @@ def plot_rewards(records, path):
     return save_figure(fig, path, dpi=100)
 
 
+class WordBoost:
+    """A steer for step 09's sampler: adds `strength` to the score of the token that begins
+    each requested word the story has not used yet, as the tokenizer spells it after a space
+    (" kite"), and once a word is begun, to the token that goes on with it. The model is not
+    changed; the sampler leans towards the words it was asked for, and stops leaning once a
+    word is in the story (step 17's uses_word: "kites" counts)."""
+
+    def __init__(self, tokenizer, words, strength, prompt_length):
+        self.tokenizer, self.strength, self.start = tokenizer, strength, prompt_length
+        self.spellings = {w: tokenizer.encode(" " + w).ids for w in words}
+
+    def __call__(self, idx, logits):
+        logits = logits.clone()
+        for row, ids in enumerate(idx[:, self.start:].tolist()):
+            story = self.tokenizer.decode(ids)
+            for word, spelling in self.spellings.items():
+                if not uses_word(story, word):  # how much of it the story ends with: 0, 1, ...
+                    begun = max((j for j in range(1, len(spelling))
+                                 if ids[-j:] == spelling[:j]), default=0)
+                    logits[row, spelling[begun]] += self.strength
+        return logits
+
+
 class RewardWriting(RequestWriting):
-    """Step 17's write command; with --measure, what the story did and its reward."""
+    """Step 17's write command; with --measure, what the story did and its reward; with
+    --boost, the sampler steered towards the requested words."""
 
     def add_flags(self, parser):
         super().add_flags(parser)
         parser.add_argument("--measure", action="store_true", help="print the story's reward")
+        parser.add_argument("--boost", type=float, default=0.0,
+                            help="add this to the score of a requested word not yet used (3)")
 
     def prompt(self, args):
         if args.measure and not (args.words or args.features or args.sentence):
             raise ValueError("--measure scores a story against its request: give --words "
                              "(and --features, --sentence)")
+        if args.boost and not args.words or not 0 <= args.boost <= 20:
+            raise ValueError(f"--boost leans the sampler towards --words, by 0 to 20 (3 is "
+                             f"plenty): got --boost {args.boost} with --words {args.words!r}")
         return super().prompt(args)
+
+    def steer(self, args, tokenizer):
+        if args.boost:
+            return WordBoost(tokenizer, args.request["words"], args.boost,
+                             len(tokenizer.encode(args.prompt).ids))
+        return None
 
     def written(self, args, story):
         if args.measure:
@@ -316,7 +357,7 @@ def parse_args(argv):
         if f.type is bool or isinstance(f.default, bool):
             parser.add_argument(flag, action="store_true")
         else:
-            kind = parse_duration if f.name == "time_budget" else type(f.default)
+            kind = {"time_budget": parse_duration, "device": str}.get(f.name, type(f.default))
             parser.add_argument(flag, type=kind, default=f.default)
     args = parser.parse_args(argv)
     if not args.init_from and not args.resume:
