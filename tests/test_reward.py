@@ -43,7 +43,10 @@ def test_the_reward_is_the_mean_of_the_fields_the_request_asks_for():
 def test_advantages_are_centred_on_the_group_and_scaled_by_its_spread():
     rewards = torch.tensor([[1.0, 0.0, 0.5, 0.5], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0, 0.0, 1.0]])
     a = advantages(rewards)
-    assert torch.allclose(a[0], torch.tensor([2**0.5, -(2**0.5), 0.0, 0.0]))
+    assert torch.allclose(a[0], torch.tensor([2**0.5, -(2**0.5), 0.0, 0.0])), (
+        f"rewards [1, 0, 0.5, 0.5] gave advantages {[round(x, 3) for x in a[0].tolist()]}, "
+        "want [1.414, -1.414, 0, 0]: subtract the group's mean, then divide by the group's "
+        "standard deviation with correction=0 (0.5 here; correction=1 gives 1.155)")
     assert a[1].tolist() == [0.0, 0.0, 0.0, 0.0]  # a group that agrees teaches nothing
     assert torch.allclose(a.sum(dim=1), torch.zeros(3), atol=1e-6)  # centred
     assert torch.allclose(a[[0, 2]].std(dim=1, correction=0), torch.ones(2))  # unit spread

@@ -148,7 +148,7 @@ def sample_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p
             ended |= next_id[:, 0] == eot_id
         yield next_id, logits
         idx, unread = torch.cat([idx, next_id], dim=1), next_id
-        if ended.all():
+        if eot_id is not None and ended.all():  # nothing ends without an eot_id
             break
 
 

@@ -331,7 +331,7 @@ class RewardWriting(RequestWriting):
         if args.measure and not (args.words or args.features or args.sentence):
             raise ValueError("--measure scores a story against its request: give --words "
                              "(and --features, --sentence)")
-        if args.boost and not args.words or not 0 <= args.boost <= 20:
+        if (args.boost and not args.words) or not 0 <= args.boost <= 20:
             raise ValueError(f"--boost leans the sampler towards --words, by 0 to 20 (3 is "
                              f"plenty): got --boost {args.boost} with --words {args.words!r}")
         return super().prompt(args)
