@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from tiny_llm.checkpoint import MODELS, class_path, model_from_checkpoint
+from tiny_llm.checkpoint import MODELS, class_path, load_checkpoint, model_from_state
 from tiny_llm.data import load_token_array
 from tiny_llm.evaluate import bits_per_byte
 from tiny_llm.files import atomic_folder, check_replaceable
@@ -189,14 +189,15 @@ def page_settings(model, ckpt, checkpoint, int8):
 def load_for_web(checkpoint, data_dir):
     """The checkpoint's model in eval mode, float32, and the checkpoint; refused with a
     sentence when it cannot be exported."""
-    model, ckpt = model_from_checkpoint(checkpoint, data_dir=data_dir)  # also the tokenizer
-    kind = class_path(model)
-    if kind not in EXPORTABLE:
-        raise ValueError(f"{checkpoint} holds a {kind}; the web export knows "
-                         f"{' and '.join(EXPORTABLE)}: pass a checkpoint tiny_llm.train wrote")
+    ckpt = load_checkpoint(checkpoint, data_dir=data_dir)  # also: the same tokenizer
     if any(name.rsplit(".", 1)[-1].startswith("lora_") for name in ckpt["model"]):
         raise ValueError(f"{checkpoint} holds LoRA adapters beside the weights: export the "
                          "merged checkpoint that tiny_llm.instruct train saves at its end")
+    kind = ckpt.get("model_class", MODELS["gpt"])  # older checkpoints all hold a GPT
+    if kind not in EXPORTABLE:
+        raise ValueError(f"{checkpoint} holds a {kind}; the web export knows "
+                         f"{' and '.join(EXPORTABLE)}: pass a checkpoint tiny_llm.train wrote")
+    model = model_from_state(ckpt, checkpoint)
     return model.float().eval(), ckpt
 
 
