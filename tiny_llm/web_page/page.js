@@ -44,6 +44,7 @@ async function load() {
   const model = await fetchOk("model.onnx", "bytes");
   state.session = await ort.InferenceSession.create(model, { executionProviders: ["wasm"] });
   state.ort = ort;
+  state.threads = ort.env.wasm.numThreads;
   const s = state.settings;
   $("about").textContent = `${s.checkpoint}, step ${s.step.toLocaleString("en")}, ` +
     `${(model.byteLength / 1e6).toFixed(1)} MB${s.int8 ? " (int8)" : ""}, context ` +
@@ -125,7 +126,8 @@ async function write() {
       if (next === s.eot_id) break;  // <|endoftext|>: the story is over
       $("story").textContent = prompt + state.tokenizer.decode(state.ids);
       const seconds = (performance.now() - start) / 1000;
-      $("speed").textContent = `${state.ids.length} tokens, ${(state.ids.length / seconds).toFixed(1)} tokens/s`;
+      state.tokensPerSecond = state.ids.length / seconds;
+      $("speed").textContent = `${state.ids.length} tokens, ${state.tokensPerSecond.toFixed(1)} tokens/s`;
     }
     say(state.stop ? "Stopped." : "Done. Change the seed or the settings and write again.");
   } catch (err) {
