@@ -13,6 +13,7 @@ import pytest
 import torch
 from test_studio import tiny_checkpoint
 
+from solutions import ex19_web
 from tiny_llm import web
 from tiny_llm.checkpoint import load_checkpoint, save_checkpoint
 from tiny_llm.data import load_token_array
@@ -143,3 +144,14 @@ def test_the_javascript_tokenizer_and_sampler_equal_pythons(sample_data_dir):
         assert torch.allclose(torch.tensor(probs, dtype=torch.float32), expected, atol=1e-6)
         assert all(expected[d] > 0 for d in draws)  # only tokens the filters kept are drawn
     assert answer["draws"] == node_answers(job)["draws"]  # a seed repeats its draws
+
+
+def test_the_exercises(built, tmp_path):
+    _, site, report = built
+    model = report["model"]
+    shutil.copy(site / "model.onnx", tmp_path / "model.onnx")
+    ops, stored, params = ex19_web.exercise_1_what_the_graph_holds(model, site / "model.onnx")
+    assert dict(ops)["MatMul"] >= 4 * model.config.n_layers and stored <= params
+    gap, agree = ex19_web.exercise_2_int8_against_float(model, tmp_path / "model.onnx", 20)
+    assert 0 < gap < 0.1 and agree >= 15
+    assert ex19_web.exercise_3_byte_alphabet() == (256, True, "Ġ", "Ċ")
