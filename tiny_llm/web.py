@@ -39,7 +39,10 @@ LIMIT = 1e-4  # largest |logit difference| between ONNX and PyTorch that counts 
 MARKER = ".tiny-llm-web"  # in every folder this command writes: the names of its files
 PAGE = Path(__file__).with_name("web_page")  # our page: index.html and its JavaScript
 PAGE_FILES = ("index.html", "page.js", "tokenizer.js", "sampler.js")
-RUNTIME = REPO_ROOT / "web" / "node_modules" / "onnxruntime-web" / "dist"
+# npm's folder in the repository: found through steps/, which a package written elsewhere (a
+# test's scratch folder, workalong's mine/.build/) links back to the repository
+RUNTIME = ((REPO_ROOT / "steps").resolve().parent / "web" / "node_modules" / "onnxruntime-web"
+           / "dist")
 RUNTIME_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 EXPORTABLE = (MODELS["gpt"], MODELS["modern"])  # by the class a checkpoint names
 
