@@ -83,7 +83,10 @@ EXPECTED_SECONDS = [
     ("tests/test_vs_nanogpt.py", 4),
     ("tests/test_scale.py::test_fsdp2", 30),  # two torchrun jobs of 2 ranks
     (CONSOLE + "16-scale-out.md:232", 30),  # a torchrun job and a one-process run
-    (CONSOLE + "19-export.md", 20),
+    (CONSOLE + "20-export.md", 20),
+    (CONSOLE + "19-web.md", 40),  # a tiny training run, two exports to ONNX
+    ("tests/test_web.py", 25),  # an export to ONNX, node
+    ("tests/test_web_browser.py", 25),  # an export, headless Chromium
     (CONSOLE + "17-requests.md", 10),  # a tiny base, a fine-tuning and a story
     (CONSOLE + "18-reward.md", 15),  # the check's toy runs; a base, a fine-tuning, 6 updates
     ("tests/test_reward.py", 6),  # two toy runs, a resumed reward run

@@ -13,7 +13,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from solutions import ex19_export  # noqa: E402
+from solutions import ex20_export  # noqa: E402
 from tiny_llm import generate as generate_module  # noqa: E402
 from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint  # noqa: E402
 from tiny_llm.export import (  # noqa: E402
@@ -210,21 +210,21 @@ def test_a_folder_of_other_files_is_never_replaced(tmp_path):
 
 
 def test_exercise_1_the_file_holds_every_parameter_once_and_conv1d_transposed():
-    inventory = ex19_export.exercise_1_safetensors_inventory()
+    inventory = ex20_export.exercise_1_safetensors_inventory()
     assert inventory["numbers"] == inventory["num_params"] and not inventory["has_lm_head"]
     assert inventory["tensors"] == 28 and inventory["c_attn"] == (32, 96)
     assert len(inventory["transposed"]) == 8  # c_attn, c_proj (square!), c_fc, c_proj x 2 blocks
 
 
 def test_exercise_2_matching_the_gelu_makes_a_tanh_gpt2_equal():
-    gap, where = ex19_export.exercise_2_gelu_gap()
+    gap, where = ex20_export.exercise_2_gelu_gap()
     assert 4.5e-4 < gap < 5e-4 and 2.6 < where < 2.8
-    before, after = ex19_export.exercise_2_tanh_gelu_import()
+    before, after = ex20_export.exercise_2_tanh_gelu_import()
     assert before > 1e-4 and after <= LIMIT
 
 
 def test_exercise_3_reordered_rows_make_the_two_ropes_agree():
-    assert ex19_export.exercise_3_rope_reorder() < 1e-12
+    assert ex20_export.exercise_3_rope_reorder() < 1e-12
 
 
 def test_the_command_says_what_it_saw_and_what_to_do(tmp_path, monkeypatch):

@@ -16,15 +16,15 @@ import json
 import os
 import re
 import shutil
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
+from tiny_llm import files
 from tiny_llm.checkpoint import MODELS, build_model, class_path, load_checkpoint, save_checkpoint
-from tiny_llm.files import atomic_path, remove_stale_temporaries, temporary_name
+from tiny_llm.files import atomic_path
 from tiny_llm.generate import generate
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.paths import DATA_DIR
@@ -174,38 +174,12 @@ def check_replaceable(out):
     """Raise unless `out` is absent, empty, or holds only what an earlier export wrote there
     (its MARKER lists the names): a typo in --out deletes no one's files, not even beside a
     config.json."""
-    out = Path(out)
-    if out.is_symlink():  # replacing it would swap the link for a folder, after the work
-        raise FileExistsError(f"{out} is a symbolic link (to {os.readlink(out)}): export writes "
-                              "a real folder and replaces only one it wrote; pick a new --out")
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return
-    if not (out.is_dir() and (out / MARKER).is_file()):
-        raise FileExistsError(f"{out} exists and is not a model folder: pick a new --out. Only "
-                              f"a folder that export wrote (it holds {MARKER}) is replaced")
-    ours = set((out / MARKER).read_text().splitlines()) | {MARKER}
-    if other := sorted(p.name for p in out.iterdir() if p.name not in ours):
-        raise FileExistsError(f"{out} holds files that export did not write ({', '.join(other)}):"
-                              " move them out of it, or pick a new --out")
+    files.check_replaceable(out, MARKER, "export", "a model folder")
 
 
-@contextmanager
 def atomic_folder(out):
-    """Yield a temporary folder beside `out`, renamed to `out` only if the block succeeds.
-    Only a folder that check_replaceable() allows is replaced."""
-    out = Path(out)
-    check_replaceable(out)
-    remove_stale_temporaries(out)  # folders that killed exports left
-    tmp = temporary_name(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        (tmp / MARKER).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir())))
-        shutil.rmtree(out, ignore_errors=True)  # the old export; a reader never sees half of one
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """A temporary folder beside `out`, renamed to `out` only if the block succeeds (files.py)."""
+    return files.atomic_folder(out, MARKER, "export", "a model folder")
 
 
 def save_tokenizer(tokenizer_file, folder, max_len, learned=None):
@@ -358,8 +332,8 @@ def main():
                   f"step {ckpt['step']:,})")
             print(f"{'exported':<12} {type(hf).__name__}, {model.num_params():,} parameters "
                   f"-> {args.out}")
-            files = sorted(name for name in os.listdir(args.out) if name != MARKER)
-            print(f"{'files':<12} {' '.join(files)}")
+            names = sorted(name for name in os.listdir(args.out) if name != MARKER)
+            print(f"{'files':<12} {' '.join(names)}")
         else:
             model, hf, tokenizer_file = import_gpt2(args.source, args.out)
             tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file else None

@@ -185,3 +185,42 @@ def lock_holder(lock, grace_s=10.0):
     except (OSError, ValueError):  # gone meanwhile, or not a number
         return 0
     return None if starting else 0
+
+
+def check_replaceable(out, marker, writer, kind):
+    """Raise unless the folder `out` is absent, empty, or holds only what `writer` (a command:
+    "export") wrote there earlier: its `marker` file lists the names. A typo in --out deletes no
+    one's files, not even beside files that look like a `kind` ("a model folder")."""
+    out = Path(out)
+    if out.is_symlink():  # replacing it would swap the link for a folder, after the work
+        raise FileExistsError(f"{out} is a symbolic link (to {os.readlink(out)}): {writer} "
+                              "writes a real folder and replaces only one it wrote; pick a new "
+                              "--out")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not (out.is_dir() and (out / marker).is_file()):
+        raise FileExistsError(f"{out} exists and is not {kind}: pick a new --out. Only a folder "
+                              f"that {writer} wrote (it holds {marker}) is replaced")
+    ours = set((out / marker).read_text().splitlines()) | {marker}
+    if other := sorted(p.name for p in out.iterdir() if p.name not in ours):
+        raise FileExistsError(f"{out} holds files that {writer} did not write ({', '.join(other)}):"
+                              " move them out of it, or pick a new --out")
+
+
+@contextmanager
+def atomic_folder(out, marker, writer, kind):
+    """Yield a temporary folder beside `out`, renamed to `out` only if the block succeeds, with
+    `marker` listing what it holds. Only a folder that check_replaceable() allows is replaced."""
+    out = Path(out)
+    check_replaceable(out, marker, writer, kind)
+    remove_stale_temporaries(out)  # folders that killed runs left
+    tmp = temporary_name(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        (tmp / marker).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir())))
+        shutil.rmtree(out, ignore_errors=True)  # the old folder; a reader never sees half of one
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -47,7 +47,10 @@ def attend(q, k, v, dropout_p=0.0, bias=None):
     if Tq != Tk and Tq != 1:  # is_causal aligns the mask top-left: right only for these two
         raise ValueError(f"attend: {Tq} queries after {Tk - Tq} cached keys; only a prefill of "
                          "an empty cache (Tq == Tk) or one new token (Tq == 1) is supported")
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=Tq > 1, **gqa)
+    # Tq == Tk: a prefill, causal (one query over one key is the same either way). A bool even
+    # while torch.onnx.export traces (step 19), where Tq == Tk holds for every length
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
+                                          is_causal=bool(Tq == Tk), **gqa)
 
 
 class MultiHeadAttention(nn.Module):

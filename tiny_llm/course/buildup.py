@@ -33,7 +33,7 @@ ROOT = (Path(__file__).resolve().parents[2] / "steps").resolve().parent
 PACKAGE = ROOT / "tiny_llm"
 STEPS = ["device", "tokenize", "data", "embed", "attention", "multihead", "block", "gpt",
          "generate", "train", "evaluate", "kvcache", "speed", "posenc_lab", "modern", "scale",
-         "instruct", "reward", "export"]  # step 01 is device, step 19 export: README.md's table
+         "instruct", "reward", "web", "export"]  # step 01 is device, step 20 export (README.md)
 # The shared helpers, each at the first step whose module imports it; the course's own tools
 # (tiny_llm/course/) are in every state, so a state folder runs the type-along and draws its
 # pictures. Every file of the package is named here (the studio's page too): a state is the
@@ -43,7 +43,8 @@ HELPERS = {"__init__": 1, "files": 1, "paths": 1, "course/__init__": 1, "course/
            "prepared": 3, "checks": 4, "loss": 10, "budget": 10, "checkpoint": 9,
            "processes": 10, "muon": 10, "flags": 10, "plots": 11, "ladder": 11,
            "static_decode": 13, "posenc": 14, "tuning": 15, "request_data": 17, "studio": 17}
-OTHER_FILES = {"studio.html": 17}
+OTHER_FILES = {"studio.html": 17, **{f"web_page/{name}": 19 for name in (
+    "index.html", "page.js", "tokenizer.js", "sampler.js")}}  # step 19's page
 FIRST_STEP = {**{f"{name}.py": step for name, step in HELPERS.items()}, **OTHER_FILES,
               **{f"{name}.py": number for number, name in enumerate(STEPS, 1)}}
 
@@ -146,9 +147,10 @@ def apply(files, step, reverse=False):
 
 def package_files(folder):
     """The package's own files below `folder` (a tiny_llm/), by name relative to it:
-    'gpt.py', 'course/workalong.py', 'studio.html' (no caches, no editor droppings)."""
+    'gpt.py', 'course/workalong.py', 'studio.html', 'web_page/page.js' (no caches, no editor
+    droppings)."""
     return sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*")
-                  if path.is_file() and path.suffix in (".py", ".html")
+                  if path.is_file() and path.suffix in (".py", ".html", ".js")
                   and "__pycache__" not in path.parts and not path.name.startswith("."))
 
 
@@ -167,7 +169,7 @@ _STATES = {}
 
 
 def state(step):
-    """{file name: text}: the package as it stands at the end of `step` (1..19)."""
+    """{file name: text}: the package as it stands at the end of `step` (1..20)."""
     if not 1 <= step <= len(STEPS):
         raise ValueError(f"no step {step}: the course has steps 01-{len(STEPS)}")
     if step not in _STATES:

@@ -1,6 +1,6 @@
-"""Solutions to the exercises of the appendix (steps/19-export.md).
+"""Solutions to the exercises of the appendix (steps/20-export.md).
 
-Run them:  uv run python -m solutions.ex19_export   (offline: every model here is made locally)
+Run them:  uv run python -m solutions.ex20_export   (offline: every model here is made locally)
 """
 
 import tempfile
