@@ -64,29 +64,43 @@ def test_matmul_gflops_is_a_positive_finite_rate():
 # The foundations: a Bigram, the softmax and the cross-entropy by hand, their gradient, one step.
 
 
-def test_bigram_has_one_table_of_zeros():
+def short(t):
+    """A tensor's numbers rounded to 4 decimals, as lists: short enough to read in a message."""
+    def rounded(v):
+        return [rounded(x) for x in v] if isinstance(v, list) else round(v, 4)
+
+    return rounded(t.detach().tolist())
+
+
+def bigram(vocab_size):
+    """Bigram(vocab_size), with PyTorch's error for a forgotten super().__init__() made the fix."""
     try:
-        model = Bigram(5)
-    except AttributeError as err:  # PyTorch's own words, with the fix added
-        pytest.fail(f"Bigram(5) raised AttributeError: {err}: call super().__init__() first")
+        return Bigram(vocab_size)
+    except AttributeError as err:
+        pytest.fail(f"call super().__init__() first in Bigram.__init__: Bigram({vocab_size}) "
+                    f"raised AttributeError: {err}")
+
+
+def test_bigram_has_one_table_of_zeros():
+    model = bigram(5)
     named = {name: tuple(p.shape) for name, p in model.named_parameters()}
     assert named == {"table": (5, 5)}, (
-        f"Bigram(5)'s parameters are {named}, want {{'table': (5, 5)}}"
-        + (": wrap the table in nn.Parameter, or PyTorch does not see it" if not named else ""))
+        ("wrap the table in nn.Parameter, or PyTorch does not see it: " if not named else "")
+        + f"Bigram(5)'s parameters are {named}, want {{'table': (5, 5)}}")
     assert torch.count_nonzero(model.table) == 0, (
-        f"Bigram(5).table starts at {model.table.tolist()}, want zeros: no token favoured yet")
+        f"Bigram(5).table starts at {short(model.table)}, want zeros: no token favoured yet")
 
 
 def test_bigram_gives_each_id_its_row():
-    model = Bigram(4)
+    model = bigram(4)
     with torch.no_grad():
         model.table.copy_(torch.arange(16.0).view(4, 4))
     out = model(torch.tensor([3, 0, 3]))
     assert out.shape == (3, 4), f"Bigram(4) on 3 ids gave shape {tuple(out.shape)}, want (3, 4)"
     want = torch.tensor([[12.0, 13, 14, 15], [0, 1, 2, 3], [12, 13, 14, 15]])
     assert torch.equal(out, want), (
-        f"Bigram(4) on ids [3, 0, 3] gave {out.tolist()}, want rows 3, 0, 3 of the table: "
-        f"{want.tolist()}")
+        f"Bigram(4) on ids [3, 0, 3] gave {short(out)}, want rows 3, 0, 3 of the table: "
+        f"{short(want)}")
 
 
 def test_softmax_rows_are_probabilities():
@@ -95,23 +109,23 @@ def test_softmax_rows_are_probabilities():
         probs = softmax(logits)
     except RuntimeError as err:
         if "must match the size" in str(err):
-            pytest.fail(f"softmax of a (2, 3) tensor raised '{err}': sum with keepdim=True, so "
-                        "the (2, 1) sums broadcast over each row")
+            pytest.fail(f"sum with keepdim=True, so the (2, 1) sums broadcast over each row: "
+                        f"softmax of a (2, 3) tensor raised '{err}'")
         raise
     want = F.softmax(logits, dim=-1)
-    if torch.allclose(probs, F.softmax(logits, dim=0)):
-        pytest.fail(f"softmax gave {probs.tolist()}, each column summing to 1: normalise over "
-                    "dim=-1, the scores of one row")
+    if torch.allclose(probs.sum(dim=0), torch.ones(3)) and not torch.allclose(probs, want):
+        pytest.fail(f"normalise over dim=-1, the scores of one row: softmax gave {short(probs)}, "
+                    "each column summing to 1")
     assert torch.allclose(probs, want, atol=1e-6), (
-        f"softmax of {logits.tolist()} gave {probs.tolist()}, want {want.tolist()} (rows sum to "
-        f"{probs.sum(-1).tolist()}, want 1 each)")
+        f"softmax of {short(logits)} gave {short(probs)}, want {short(want)} (rows sum to "
+        f"{short(probs.sum(-1))}, want 1 each)")
 
 
 def test_softmax_does_not_overflow():
     probs = softmax(torch.tensor([[1000.0, 0.0]]))
     assert torch.allclose(probs, torch.tensor([[1.0, 0.0]])), (
-        f"softmax of [[1000, 0]] gave {probs.tolist()}, want [[1, 0]]: exp(1000) overflows to "
-        "inf; subtract each row's max before exp")
+        f"subtract each row's max before exp: exp(1000) overflows to inf, and softmax of "
+        f"[[1000, 0]] gave {short(probs)}, want [[1, 0]]")
 
 
 def test_cross_entropy_by_hand_equals_pytorchs():
@@ -120,11 +134,11 @@ def test_cross_entropy_by_hand_equals_pytorchs():
     got, want = cross_entropy_by_hand(logits, targets).item(), F.cross_entropy(logits, targets)
     why = ""
     if math.isclose(got, 3 * want, rel_tol=1e-5):
-        why = ": it is 3 times the mean over 3 rows; take the mean, not the sum"
+        why = "take the mean, not the sum (it is 3 times the mean over 3 rows): "
     elif math.isclose(got, -want, rel_tol=1e-5):
-        why = ": the sign; the loss is minus the log of the probability"
+        why = "the sign: the loss is minus the log of the probability; "
     assert math.isclose(got, want, rel_tol=1e-5), (
-        f"cross_entropy_by_hand gave {got:.5f}, F.cross_entropy {want:.5f}{why}")
+        f"{why}cross_entropy_by_hand gave {got:.5f}, F.cross_entropy {want:.5f}")
 
 
 def autograds(logits, targets):
@@ -140,11 +154,11 @@ def test_grad_by_hand_equals_autograds():
     got, want = grad_by_hand(logits, targets), autograds(logits, targets)
     why = ""
     if torch.allclose(got, 2 * want, atol=1e-6):
-        why = ": it is N = 2 times autograd's; divide by N, the mean's 1/N"
+        why = "divide by N, the mean's 1/N (it is N = 2 times autograd's): "
     elif torch.allclose(got, -want, atol=1e-6):
-        why = ": it is the negative of autograd's; softmax minus one_hot, not one_hot minus softmax"
+        why = "softmax minus one_hot, not one_hot minus softmax (it is autograd's negated): "
     assert torch.allclose(got, want, atol=1e-6), (
-        f"grad_by_hand gave {got.tolist()}, autograd {want.tolist()}{why}")
+        f"{why}grad_by_hand gave {short(got)}, autograd {short(want)}")
 
 
 def step(model, idx, targets, lr):
@@ -153,7 +167,7 @@ def step(model, idx, targets, lr):
         return sgd_step(model, idx, targets, lr)
     except RuntimeError as err:
         if "leaf Variable" in str(err):
-            pytest.fail(f"sgd_step raised '{err}': do the update inside `with torch.no_grad():`")
+            pytest.fail(f"do the update inside `with torch.no_grad():`: sgd_step raised '{err}'")
         raise
 
 
@@ -163,7 +177,7 @@ def cycle(vocab_size=5):
 
 
 def test_sgd_step_returns_the_loss_and_lowers_it():
-    model, (idx, targets) = Bigram(5), cycle()
+    model, (idx, targets) = bigram(5), cycle()
     first = step(model, idx, targets, lr=1.0)
     assert isinstance(first, float), f"sgd_step returned a {type(first).__name__}, want a float"
     assert math.isclose(first, math.log(5), rel_tol=1e-5), (
@@ -171,17 +185,17 @@ def test_sgd_step_returns_the_loss_and_lowers_it():
         "before the update")
     second = step(model, idx, targets, lr=1.0)
     assert second < first, (
-        f"the loss rose from {first:.4f} to {second:.4f} after one sgd_step: move against the "
-        "gradient, p -= lr * p.grad")
+        f"move against the gradient, p -= lr * p.grad: the loss rose from {first:.4f} to "
+        f"{second:.4f} after one sgd_step")
 
 
 def test_sgd_step_leaves_no_gradient_behind():
-    model, (idx, targets) = Bigram(5), cycle()
+    model, (idx, targets) = bigram(5), cycle()
     step(model, idx, targets, lr=1.0)
     left = model.table.grad
     assert left is None or torch.count_nonzero(left) == 0, (
-        f"after sgd_step, table.grad still holds numbers (largest {left.abs().max():.4f}): zero "
-        "the gradients after the update (p.grad = None), or the next backward adds onto them")
+        f"zero the gradients after the update (p.grad = None), or the next backward adds onto "
+        f"them: after sgd_step, table.grad still holds numbers (largest {left.abs().max():.4f})")
 
 
 def by_hand(steps, lr, sign=-1, zeroed=True):
@@ -196,18 +210,19 @@ def by_hand(steps, lr, sign=-1, zeroed=True):
 
 
 def test_two_sgd_steps_equal_two_by_hand():
-    model, (idx, targets), lr = Bigram(5), cycle(), 2.0
+    model, (idx, targets), lr = bigram(5), cycle(), 2.0
     for _ in range(2):
         step(model, idx, targets, lr)
     got, want = model.table.detach(), by_hand(2, lr)
     why = ""
     if torch.allclose(got, by_hand(2, lr, sign=1), atol=1e-5):
-        why = ": each step went uphill; move against the gradient, p -= lr * p.grad"
+        why = "each step went uphill; move against the gradient, p -= lr * p.grad. "
     elif torch.allclose(got, by_hand(2, lr, zeroed=False), atol=1e-5):
-        why = (": the second step used the first step's gradient too; zero the gradients after "
-               "the update (p.grad = None)")
+        why = ("the second step used the first step's gradient too; zero the gradients after "
+               "the update (p.grad = None). ")
     assert torch.allclose(got, want, atol=1e-5), (
-        f"after two sgd_steps at lr {lr} the table is {got.tolist()}, want {want.tolist()}{why}")
+        f"{why}After two sgd_steps at lr {lr} the table's row 0 is {short(got[0])}, want "
+        f"{short(want[0])}")
 
 
 def test_three_gradients_agree_and_the_loss_is_ln_v_at_zeros():
