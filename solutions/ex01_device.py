@@ -5,13 +5,8 @@ Run them:  uv run python -m solutions.ex01_device
 
 import torch
 
-from tiny_llm.device import (
-    matmul_gflops,
-    pick_device,
-    seed_everything,
-    softmax_grad_size,
-    three_gradients,
-)
+from tiny_llm.autograd import softmax_grad_size, three_gradients
+from tiny_llm.device import matmul_gflops, pick_device, seed_everything
 
 
 def exercise_1_matmul_flops(n):

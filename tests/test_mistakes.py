@@ -125,8 +125,8 @@ SOFTMAX_SUM_01 = "return e / e.sum(dim=-1, keepdim=True)"
 UPDATE_01 = "p -= lr * p.grad  # a small step downhill: against the gradient"
 
 MISTAKES = {
-    "device_super_init_forgotten": Mistake(
-        "device",
+    "autograd_super_init_forgotten": Mistake(
+        "autograd",
         "        super().__init__()  # nn.Module's own set-up first: it starts the list of "
         "parameters\n",
         "",
@@ -134,40 +134,40 @@ MISTAKES = {
         "bigram_has or bigram_gives or sgd_step",
         ("call super().__init__() first",),
     ),
-    "device_table_not_a_parameter": Mistake(
-        "device",
+    "autograd_table_not_a_parameter": Mistake(
+        "autograd",
         "self.table = nn.Parameter(torch.zeros(vocab_size, vocab_size))",
         "self.table = torch.zeros(vocab_size, vocab_size)",
         "test_device.py",
         "has_one_table",
         ("wrap the table in nn.Parameter",),
     ),
-    "device_softmax_over_the_wrong_dim": Mistake(
-        "device",
+    "autograd_softmax_over_the_wrong_dim": Mistake(
+        "autograd",
         SOFTMAX_SUM_01,
         "return e / e.sum(dim=0, keepdim=True)",
         "test_device.py",
         "softmax_rows",
         ("each column summing to 1", "dim=-1"),
     ),
-    "device_softmax_sum_without_keepdim": Mistake(
-        "device",
+    "autograd_softmax_sum_without_keepdim": Mistake(
+        "autograd",
         SOFTMAX_SUM_01,
         "return e / e.sum(dim=-1)",
         "test_device.py",
         "softmax_rows",
         ("keepdim=True",),
     ),
-    "device_softmax_without_the_max": Mistake(
-        "device",
+    "autograd_softmax_without_the_max": Mistake(
+        "autograd",
         "z = logits - logits.max(dim=-1, keepdim=True).values",
         "z = logits",
         "test_device.py",
         "softmax",
         ("subtract each row's max",),
     ),
-    "device_loss_summed": Mistake(
-        "device",
+    "autograd_loss_summed": Mistake(
+        "autograd",
         "return -picked.log().mean()",
         "return -picked.log().sum()",
         "test_device.py",
@@ -175,8 +175,8 @@ MISTAKES = {
         ("take the mean, not the sum",),
         never=("the sign",),
     ),
-    "device_loss_sign": Mistake(
-        "device",
+    "autograd_loss_sign": Mistake(
+        "autograd",
         "return -picked.log().mean()",
         "return picked.log().mean()",
         "test_device.py",
@@ -184,8 +184,8 @@ MISTAKES = {
         ("the sign",),
         never=("the sum",),
     ),
-    "device_grad_without_the_mean": Mistake(
-        "device",
+    "autograd_grad_without_the_mean": Mistake(
+        "autograd",
         "return (softmax(logits) - one_hot) / len(targets)",
         "return softmax(logits) - one_hot",
         "test_device.py",
@@ -193,8 +193,8 @@ MISTAKES = {
         ("divide by N",),
         never=("one_hot minus softmax",),
     ),
-    "device_grad_sign": Mistake(
-        "device",
+    "autograd_grad_sign": Mistake(
+        "autograd",
         "return (softmax(logits) - one_hot) / len(targets)",
         "return (one_hot - softmax(logits)) / len(targets)",
         "test_device.py",
@@ -202,8 +202,8 @@ MISTAKES = {
         ("softmax minus one_hot",),
         never=("divide by N",),
     ),
-    "device_update_uphill": Mistake(
-        "device",
+    "autograd_update_uphill": Mistake(
+        "autograd",
         UPDATE_01,
         UPDATE_01.replace("-=", "+="),
         "test_device.py",
@@ -211,8 +211,8 @@ MISTAKES = {
         ("against the gradient",),
         never=("zero the gradients",),
     ),
-    "device_gradients_not_zeroed": Mistake(
-        "device",
+    "autograd_gradients_not_zeroed": Mistake(
+        "autograd",
         "            p.grad = None  # zero the gradients (as optimizer.zero_grad() does): "
         "backward adds\n",
         "",
@@ -221,8 +221,8 @@ MISTAKES = {
         ("zero the gradients",),
         never=("uphill", "rose"),
     ),
-    "device_update_outside_no_grad": Mistake(
-        "device",
+    "autograd_update_outside_no_grad": Mistake(
+        "autograd",
         "with torch.no_grad():  # the update itself",
         "if True:  # the update itself",
         "test_device.py",
