@@ -7,6 +7,8 @@ descent written out, and the gradient a softmax passes back as its scores grow.
 Run the check:  uv run python -m tiny_llm.autograd
 """
 
+import argparse
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -131,6 +133,8 @@ def softmax_grad_size(scale, scores=(1.0, 0.5, -0.5, -1.0), values=(1.0, -1.0, 2
 def main():
     """One cross-entropy's gradient three ways, a Bigram's loss over five sgd_steps, and the
     gradient a softmax passes back as its scores grow."""
+    argparse.ArgumentParser(description="Step 01, second half: a gradient by hand, then by "
+                            "autograd; one training step; a saturated softmax.").parse_args()
     logits, targets = torch.tensor([[2.0, 1.0, 0.1, -1.0, 0.5]]), torch.tensor([0])
     got = three_gradients(logits, targets)
     print(f"{'loss by hand':<16} {got['loss']:.4f}   "
