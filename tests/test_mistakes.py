@@ -121,7 +121,114 @@ MASK_05 = 'scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))  # exp
 NOT_THE_HEADS = ["causal mask is missing", "after the softmax", "merged", "split", "divided"]
 LOSS_08 = "loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)"
 
+SOFTMAX_SUM_01 = "return e / e.sum(dim=-1, keepdim=True)"
+UPDATE_01 = "p -= lr * p.grad  # a small step downhill: against the gradient"
+
 MISTAKES = {
+    "autograd_super_init_forgotten": Mistake(
+        "autograd",
+        "        super().__init__()  # nn.Module's own set-up first: it starts the list of "
+        "parameters\n",
+        "",
+        "test_device.py",
+        "bigram_has or bigram_gives or sgd_step",
+        ("call super().__init__() first",),
+    ),
+    "autograd_table_not_a_parameter": Mistake(
+        "autograd",
+        "self.table = nn.Parameter(torch.zeros(vocab_size, vocab_size))",
+        "self.table = torch.zeros(vocab_size, vocab_size)",
+        "test_device.py",
+        "has_one_table",
+        ("wrap the table in nn.Parameter",),
+    ),
+    "autograd_softmax_over_the_wrong_dim": Mistake(
+        "autograd",
+        SOFTMAX_SUM_01,
+        "return e / e.sum(dim=0, keepdim=True)",
+        "test_device.py",
+        "softmax_rows",
+        ("each column summing to 1", "dim=-1"),
+    ),
+    "autograd_softmax_sum_without_keepdim": Mistake(
+        "autograd",
+        SOFTMAX_SUM_01,
+        "return e / e.sum(dim=-1)",
+        "test_device.py",
+        "softmax_rows",
+        ("keepdim=True",),
+    ),
+    "autograd_softmax_without_the_max": Mistake(
+        "autograd",
+        "z = logits - logits.max(dim=-1, keepdim=True).values",
+        "z = logits",
+        "test_device.py",
+        "softmax",
+        ("subtract each row's max",),
+    ),
+    "autograd_loss_summed": Mistake(
+        "autograd",
+        "return -picked.log().mean()",
+        "return -picked.log().sum()",
+        "test_device.py",
+        "cross_entropy",
+        ("take the mean, not the sum",),
+        never=("the sign",),
+    ),
+    "autograd_loss_sign": Mistake(
+        "autograd",
+        "return -picked.log().mean()",
+        "return picked.log().mean()",
+        "test_device.py",
+        "cross_entropy",
+        ("the sign",),
+        never=("the sum",),
+    ),
+    "autograd_grad_without_the_mean": Mistake(
+        "autograd",
+        "return (softmax(logits) - one_hot) / len(targets)",
+        "return softmax(logits) - one_hot",
+        "test_device.py",
+        "grad_by_hand",
+        ("divide by N",),
+        never=("one_hot minus softmax",),
+    ),
+    "autograd_grad_sign": Mistake(
+        "autograd",
+        "return (softmax(logits) - one_hot) / len(targets)",
+        "return (one_hot - softmax(logits)) / len(targets)",
+        "test_device.py",
+        "grad_by_hand",
+        ("softmax minus one_hot",),
+        never=("divide by N",),
+    ),
+    "autograd_update_uphill": Mistake(
+        "autograd",
+        UPDATE_01,
+        UPDATE_01.replace("-=", "+="),
+        "test_device.py",
+        "sgd_step",
+        ("against the gradient",),
+        never=("zero the gradients",),
+    ),
+    "autograd_gradients_not_zeroed": Mistake(
+        "autograd",
+        "            p.grad = None  # zero the gradients (as optimizer.zero_grad() does): "
+        "backward adds\n",
+        "",
+        "test_device.py",
+        "sgd_step",
+        ("zero the gradients",),
+        never=("uphill", "rose"),
+    ),
+    "autograd_update_outside_no_grad": Mistake(
+        "autograd",
+        "with torch.no_grad():  # the update itself",
+        "if True:  # the update itself",
+        "test_device.py",
+        "sgd_step",
+        ("inside `with torch.no_grad():`",),
+    ),
     "embed_init_std_off": Mistake(
         "embed", "std=0.02)", "std=0.2)", "test_embed.py", "", ("std", "std=0.02")
     ),

@@ -20,7 +20,7 @@ PROSE_PACE = 150  # words a minute: technical prose read to learn it, not skimme
 CODE_SECONDS = 6  # a line of code: read, its shapes followed, matched with the prose
 OUTPUT_SECONDS = 2  # a line a command prints (console, text blocks): compared at a glance
 OUTPUT_BLOCKS = ("console", "text")
-HANDS_ON_MINUTES = {1: 10, 2: 30, 3: 25, 4: 25, 5: 25, 6: 30, 7: 30, 8: 25, 9: 25, 10: 30,
+HANDS_ON_MINUTES = {1: 25, 2: 30, 3: 25, 4: 25, 5: 25, 6: 30, 7: 30, 8: 25, 9: 25, 10: 30,
                     11: 20, 12: 25, 13: 20, 14: 20, 15: 30, 16: 25, 17: 30, 18: 30,
                     19: 25, 20: 30}
 TIME_LINE = re.compile(r"^\*Reading: (\d+) min · hands-on: (\d+) min\*$")

@@ -213,6 +213,7 @@ def test_skeletons_of_steps_that_start_processes_import(tmp_path, warm_python):
 def test_a_finished_step_passes_its_tests_and_prints_its_chapters_check(tmp_path, capsys,
                                                                        monkeypatch):
     (tmp_path / "device.py").write_text(buildup.state(1)["device.py"])
+    (tmp_path / "autograd.py").write_text(buildup.state(1)["autograd.py"])  # step 01's second
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert workalong.main(["01", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -424,3 +425,20 @@ def test_a_kept_builds_last_report_is_never_read_as_this_runs(tmp_path):
     (where / "tests").mkdir()
     code, results = workalong.run_tests(where, "embed")
     assert code != 0 and [name for name, *_ in results] == ["collecting the tests"]
+
+
+def test_a_steps_second_module_gets_its_skeleton_its_plan_and_its_link(tmp_path, capsys):
+    """Step 01 has two modules the learner writes: device and autograd (buildup.TYPED_HELPERS)."""
+    assert workalong.step_modules(1) == ["device", "autograd"]
+    assert workalong.chapter_of("autograd").name == "01-setup.md"
+    text, todo = skeleton("autograd")
+    assert "sgd_step" in todo and "check_logits" not in todo, f"autograd's bodies: {todo}"
+    assert text.startswith("# Your tiny_llm/autograd.py, step 01"), text[:80]
+    workalong.print_plan(1, tmp_path)
+    plan = capsys.readouterr().out
+    assert "and          tiny_llm/autograd.py is the answer" in plan, plan
+    assert "tests        tests/test_device.py" in plan, plan
+    (tmp_path / "autograd.py").write_text(buildup.state(1)["autograd.py"])
+    assert workalong.yours(4, tmp_path) == {"autograd": tmp_path / "autograd.py"}
+    where = workalong.build(4, tmp_path)  # a later step links the learner's autograd.py in too
+    assert (where / "tiny_llm" / "autograd.py").resolve() == (tmp_path / "autograd.py").resolve()

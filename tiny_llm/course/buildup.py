@@ -45,7 +45,11 @@ HELPERS = {"__init__": 1, "files": 1, "paths": 1, "course/__init__": 1, "course/
            "static_decode": 13, "posenc": 14, "tuning": 15, "request_data": 17, "studio": 17}
 OTHER_FILES = {"studio.html": 17, **{f"web_page/{name}": 19 for name in (
     "index.html", "page.js", "tokenizer.js", "sampler.js")}}  # step 19's page
-FIRST_STEP = {**{f"{name}.py": step for name, step in HELPERS.items()}, **OTHER_FILES,
+# A helper the learner writes as well, in the type-along of its step (its chapter shows its code
+# and its step's tests check it): step 01's autograd, the PyTorch the model needs.
+TYPED_HELPERS = {"autograd": 1}
+FIRST_STEP = {**{f"{name}.py": step for name, step in {**HELPERS, **TYPED_HELPERS}.items()},
+              **OTHER_FILES,
               **{f"{name}.py": number for number, name in enumerate(STEPS, 1)}}
 
 FENCE = re.compile(r"^(`{3,})([^\n`]*)\n(.*?)^\1[ \t]*$", re.S | re.M)

@@ -68,8 +68,14 @@ def step_module(step):
 
 
 def chapter_of(module):
-    """'attention' -> Path('steps/05-attention.md') (absolute)."""
-    return buildup.chapter_path(STEPS.index(module) + 1)
+    """'attention' -> Path('steps/05-attention.md') (absolute); 'autograd' -> 01-setup.md."""
+    return buildup.chapter_path(buildup.FIRST_STEP[f"{module}.py"])
+
+
+def step_modules(step):
+    """The modules a learner writes at `step`: its own, then any typed helper of the step
+    (buildup.TYPED_HELPERS): 1 -> ['device', 'autograd']."""
+    return [STEPS[step - 1], *(m for m, n in buildup.TYPED_HELPERS.items() if n == step)]
 
 
 def bodies(tree):
@@ -216,7 +222,7 @@ def skeleton(module, everything=False):
 
     The text is the module as it stands at its own step, each body the chapter shows replaced by
     a NotImplementedError that says what the chapter says about it and where."""
-    number = STEPS.index(module) + 1
+    number = buildup.FIRST_STEP[f"{module}.py"]
     source = buildup.state(number)[f"{module}.py"]
     lines = source.splitlines()
     shown = shown_in_chapter(module, source)
@@ -305,7 +311,7 @@ def learner_file(module, folder, fresh=False, everything=False):
 
 def yours(step, folder):
     """{module: path} of the learner's own files for the steps up to `step`."""
-    paths = {m: Path(folder) / f"{m}.py" for m in STEPS[:step]}
+    paths = {m: Path(folder) / f"{m}.py" for n in range(1, step + 1) for m in step_modules(n)}
     return {m: path for m, path in paths.items() if path.is_file()}
 
 
@@ -638,18 +644,18 @@ def run_checks(where, step, timeout=TIMEOUT):
 
 def print_plan(step, folder, everything=False):
     """Say what the learner writes for a step, where each piece is explained, and what runs."""
-    module = STEPS[step - 1]
-    print(f"step {step:02d}      tiny_llm/{module}.py is the answer; yours is "
-          f"{Path(folder) / f'{module}.py'}")
-    for name, where in skeleton(module, everything=everything)[1].items():
-        print(f"write        {name:<30} {where}")
+    for n, module in enumerate(step_modules(step)):
+        print(f"{f'step {step:02d}' if n == 0 else 'and':<12} tiny_llm/{module}.py is the "
+              f"answer; yours is {Path(folder) / f'{module}.py'}")
+        for name, where in skeleton(module, everything=everything)[1].items():
+            print(f"write        {name:<30} {where}")
     chapter = f"steps/{buildup.chapter_path(step).name}"
     for file in dict.fromkeys(h.file for h in buildup.hunks(step)):
         mine = Path(folder) / file
         whose = (f"to your {mine}" if mine.exists()
                  else f"(you have no {mine}: the course's is used)")
         print(f"change       tiny_llm/{file:<21} the diffs in {chapter}, {whose}")
-    print(f"tests        tests/test_{module}.py")
+    print(f"tests        tests/test_{STEPS[step - 1]}.py")
     for pairs in check_blocks(step):
         for command, _ in pairs:
             print(f"check        {command}")
@@ -752,7 +758,6 @@ def main(argv=None):
     if args.step is None:
         parser.error("give a step (e.g. 05), or --state NN --out DIR")
     step = step_number(args.step)
-    module = STEPS[step - 1]
     if args.dir.exists() and not args.dir.is_dir():
         parser.error(f"--dir {args.dir} is a file: give the folder that holds (or will hold) "
                      "your files, e.g. --dir mine")
@@ -762,8 +767,10 @@ def main(argv=None):
         with holding(args.dir):
             return run_mine(step, args.dir, extra, args.timeout)
     timeout = args.timeout or TIMEOUT
-    path = learner_file(module, args.dir, fresh=args.fresh, everything=args.all)
-    if path.name != f"{module}.py":
+    paths = [learner_file(m, args.dir, fresh=args.fresh, everything=args.all)
+             for m in step_modules(step)]
+    path = paths[0]
+    if any(p.name != f"{m}.py" for p, m in zip(paths, step_modules(step), strict=True)):
         return 0  # --fresh beside the learner's file: nothing new to test yet
     files = yours(step, args.dir)
     if problems := syntax_errors(files):
