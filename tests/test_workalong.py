@@ -20,6 +20,14 @@ from chapters import PLAYED, run_python
 from tiny_llm.course import buildup, workalong
 from tiny_llm.course.workalong import ROOT, STEPS, learner_file, skeleton, step_module
 
+
+@pytest.fixture
+def warm(monkeypatch, warm_python):
+    """workalong's commands run in forks of the warm interpreter, as tests/chapters.py does."""
+    monkeypatch.setattr(workalong, "run_python", lambda argv, cwd, env, timeout, capture=True:
+                        run_python(argv, cwd, env, timeout, warm_python))
+
+
 # Step 16's stubs run only inside the ranks it starts (torchrun, mp.spawn): its skeleton fails
 # only in tests that start processes, too slow for this suite, so here it is made and imported.
 ONLY_IMPORTED = {"scale"}
@@ -215,16 +223,17 @@ def test_skeletons_of_steps_that_start_processes_import(tmp_path, warm_python):
 
 
 def test_a_finished_step_passes_its_tests_and_prints_its_chapters_check(tmp_path, capsys,
-                                                                       monkeypatch):
+                                                                       monkeypatch, warm):
     (tmp_path / "device.py").write_text(buildup.state(1)["device.py"])
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert workalong.main(["01", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out and "check        as the chapter shows" in out
-    assert re.search(r"summary +(\d+) of \1 tests pass .*the checks: as the chapter shows", out)
+    assert re.search(r"summary +step's tests: (\d+) of \1 pass; exercises: (\d+) of \2 pass in .*"
+                     r"the checks: as the chapter shows", out), out
 
 
-def test_a_failing_raises_test_shows_the_message_it_expected(tmp_path, capsys):
+def test_a_failing_raises_test_shows_the_message_it_expected(tmp_path, capsys, warm):
     mine = buildup.state(4)["embed.py"].replace(
         'raise ValueError(f"{name} must be a positive int, got {value!r}")', "pass")
     (tmp_path / "embed.py").write_text(mine)
@@ -318,7 +327,8 @@ def test_stubs_do_not_quote_another_bodys_paragraph():
     assert checked
 
 
-def test_a_failing_assertion_shows_its_line_its_values_and_the_tests_message(tmp_path, capsys):
+def test_a_failing_assertion_shows_its_line_its_values_and_the_tests_message(tmp_path, capsys,
+                                                                             warm):
     """It showed `assert False` and nothing else."""
     mine = buildup.state(4)["embed.py"].replace("std=0.02)", "std=0.2)")
     (tmp_path / "embed.py").write_text(mine)
@@ -330,7 +340,7 @@ def test_a_failing_assertion_shows_its_line_its_values_and_the_tests_message(tmp
     assert "tok_emb.weight starts with std 0.200" in out  # the test's message, with the value
 
 
-def test_pytests_traceback_flags_are_passed_through(tmp_path, capsys):
+def test_pytests_traceback_flags_are_passed_through(tmp_path, capsys, warm):
     mine = buildup.state(4)["embed.py"].replace("std=0.02)", "std=0.2)")
     (tmp_path / "embed.py").write_text(mine)
     assert workalong.main(["04", "--dir", str(tmp_path), "--tests", "--", "-k",
@@ -437,13 +447,6 @@ def test_a_kept_builds_last_report_is_never_read_as_this_runs(tmp_path):
     (where / "tests").mkdir()
     code, results = workalong.run_tests(where, "embed")
     assert code != 0 and [name for name, *_ in results] == ["collecting the tests"]
-
-
-@pytest.fixture
-def warm(monkeypatch, warm_python):
-    """workalong's commands run in forks of the warm interpreter, as tests/chapters.py does."""
-    monkeypatch.setattr(workalong, "run_python", lambda argv, cwd, env, timeout, capture=True:
-                        run_python(argv, cwd, env, timeout, warm_python))
 
 
 def test_the_failing_line_is_the_learners_own_never_pythons_carets(tmp_path, capsys, warm):
