@@ -19,8 +19,10 @@ one) linked in its place. The folder is deleted and written again when the step 
 your files changed (it holds a marker, MARKER, so nothing else is ever deleted), and kept
 otherwise. A run holds `mine/.build.lock` meanwhile: a second run on the same folder stops and
 says so instead of rebuilding under the first. Then it runs the step's tests there and shows
-each failure's line, values and message, and the chapter's checks, comparing what they print
-with the chapter line by line; each command is stopped after `--timeout` seconds.
+each failure's line (yours where the error passed through your file), values and message, the
+exercises' tests apart from the step's own, and the chapter's checks, comparing what they print
+with the chapter line by line; each command is stopped after `--timeout` seconds, and dies with
+this run even when it is killed. A test run that ends without pytest's report is never a pass.
 `--run -- python ...` runs any course command on that build, from where you are. Your files
 are only ever read: the one file a run writes in `mine/` is a step's skeleton where you have
 none yet; `--fresh` writes a new skeleton beside yours (`mine/attention.fresh.py`) and leaves
