@@ -658,8 +658,8 @@ def note(problem, full=False, mine=None):
     """What a learner needs from a failure: where it failed, the assertion with its values and
     the test's own message, and the message a test expected. The failing line is the learner's
     own (the deepest frame in one of `mine`, as learners() reads it) where the traceback passes
-    through their file, else the test's (or an exercise's answer, solutions/); the test that
-    called it follows. `full`: pytest's whole report of the failure, in the traceback style the
+    through their file, after the test's line that called it; else the test's (or an exercise's
+    answer's, solutions/). `full`: pytest's whole report of the failure, in the traceback style the
     learner asked for (-- --tb=long)."""
     if problem is None:
         return ""
@@ -677,10 +677,10 @@ def note(problem, full=False, mine=None):
     ours = [f for f in stack if f[0].startswith(("tests/", "solutions/"))]
     chosen = ([f for f in stack if learners(f[0], mine)] or ours or stack or [None])[-1]
     lines = []
+    if ours and chosen and ours[-1] != chosen:  # the learner's line: first, the test's call
+        lines.append(f"at {ours[-1][0]}:{ours[-1][1]}: in {ours[-1][2]}")
     if chosen:
         lines += [f"at {chosen[0]}:{chosen[1]}: in {chosen[2]}", f"> {chosen[3]}"]
-        if ours and ours[-1] != chosen:  # the learner's line: say which test called it
-            lines.append(f"called from {ours[-1][0]}:{ours[-1][1]}: in {ours[-1][2]}")
     lines += [line[2:].strip() for line in traceback[first : ends[-1] + 1]][:16]  # the error
     expected = re.findall(r"match=(r?['\"].*?['\"])\)?:?$", text, re.M)
     if "DID NOT RAISE" in text and expected:
