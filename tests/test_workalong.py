@@ -9,12 +9,24 @@ import ast
 import os
 import re
 import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from chapters import PLAYED, run_python
 
 from tiny_llm.course import buildup, workalong
 from tiny_llm.course.workalong import ROOT, STEPS, learner_file, skeleton, step_module
+
+
+@pytest.fixture
+def warm(monkeypatch, warm_python):
+    """workalong's commands run in forks of the warm interpreter, as tests/chapters.py does."""
+    monkeypatch.setattr(workalong, "run_python", lambda argv, cwd, env, timeout, capture=True:
+                        run_python(argv, cwd, env, timeout, warm_python))
+
 
 # Step 16's stubs run only inside the ranks it starts (torchrun, mp.spawn): its skeleton fails
 # only in tests that start processes, too slow for this suite, so here it is made and imported.
@@ -32,8 +44,8 @@ def test_the_steps_are_the_course_table_of_the_readme():
 
 def test_step_names_and_numbers_resolve_and_a_wrong_one_says_what_to_give():
     assert step_module("05") == step_module("5") == step_module("attention") == "attention"
-    with pytest.raises(SystemExit, match="give a number 01-19"):
-        step_module("20")
+    with pytest.raises(SystemExit, match=f"give a number 01-{len(STEPS)}"):
+        step_module(str(len(STEPS) + 1))
 
 
 @pytest.mark.parametrize("module", STEPS)
@@ -211,17 +223,18 @@ def test_skeletons_of_steps_that_start_processes_import(tmp_path, warm_python):
 
 
 def test_a_finished_step_passes_its_tests_and_prints_its_chapters_check(tmp_path, capsys,
-                                                                       monkeypatch):
+                                                                       monkeypatch, warm):
     (tmp_path / "device.py").write_text(buildup.state(1)["device.py"])
     (tmp_path / "autograd.py").write_text(buildup.state(1)["autograd.py"])  # step 01's second
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert workalong.main(["01", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out and "check        as the chapter shows" in out
-    assert re.search(r"summary +(\d+) of \1 tests pass .*the checks: as the chapter shows", out)
+    assert re.search(r"summary +step's tests: (\d+) of \1 pass; exercises: (\d+) of \2 pass in .*"
+                     r"the checks: as the chapter shows", out), out
 
 
-def test_a_failing_raises_test_shows_the_message_it_expected(tmp_path, capsys):
+def test_a_failing_raises_test_shows_the_message_it_expected(tmp_path, capsys, warm):
     mine = buildup.state(4)["embed.py"].replace(
         'raise ValueError(f"{name} must be a positive int, got {value!r}")', "pass")
     (tmp_path / "embed.py").write_text(mine)
@@ -315,7 +328,8 @@ def test_stubs_do_not_quote_another_bodys_paragraph():
     assert checked
 
 
-def test_a_failing_assertion_shows_its_line_its_values_and_the_tests_message(tmp_path, capsys):
+def test_a_failing_assertion_shows_its_line_its_values_and_the_tests_message(tmp_path, capsys,
+                                                                             warm):
     """It showed `assert False` and nothing else."""
     mine = buildup.state(4)["embed.py"].replace("std=0.02)", "std=0.2)")
     (tmp_path / "embed.py").write_text(mine)
@@ -327,7 +341,7 @@ def test_a_failing_assertion_shows_its_line_its_values_and_the_tests_message(tmp
     assert "tok_emb.weight starts with std 0.200" in out  # the test's message, with the value
 
 
-def test_pytests_traceback_flags_are_passed_through(tmp_path, capsys):
+def test_pytests_traceback_flags_are_passed_through(tmp_path, capsys, warm):
     mine = buildup.state(4)["embed.py"].replace("std=0.02)", "std=0.2)")
     (tmp_path / "embed.py").write_text(mine)
     assert workalong.main(["04", "--dir", str(tmp_path), "--tests", "--", "-k",
@@ -356,6 +370,15 @@ def test_workalong_prints_the_changes_to_earlier_files_it_asks_for(tmp_path, cap
     (tmp_path / "multihead.py").write_text(buildup.state(7)["multihead.py"])
     workalong.print_changes(7, tmp_path)
     assert capsys.readouterr().out.rstrip().endswith(": applied")
+    # Issue 42: applied without the chapter's trailing comment, it still said "apply it".
+    mine = buildup.state(7)["multihead.py"].replace(
+        "residual_output = True  # added onto the residual stream: step 07's init_weights",
+        "residual_output  =  True\n")
+    assert "step 07's init_weights" not in mine
+    (tmp_path / "multihead.py").write_text(mine)
+    workalong.print_changes(7, tmp_path)
+    assert capsys.readouterr().out.rstrip().endswith(": applied")
+    assert workalong.code_only("x = '#1'  # one\n\n  y  = 2 # two") == "x = '#1' y = 2"
 
 
 def test_a_second_run_on_the_same_folder_is_refused_while_the_first_holds_it(tmp_path, capsys):
@@ -442,3 +465,110 @@ def test_a_steps_second_module_gets_its_skeleton_its_plan_and_its_link(tmp_path,
     assert workalong.yours(4, tmp_path) == {"autograd": tmp_path / "autograd.py"}
     where = workalong.build(4, tmp_path)  # a later step links the learner's autograd.py in too
     assert (where / "tiny_llm" / "autograd.py").resolve() == (tmp_path / "autograd.py").resolve()
+
+def test_the_failing_line_is_the_learners_own_never_pythons_carets(tmp_path, capsys, warm):
+    """Issue 42: the line shown was Python's `^^^^` line under the code."""
+    mine = buildup.state(4)["embed.py"].replace("return x + self.pos_emb(pos)  #",
+                                                "return x + self.pos_emb(pos)[T]  #")
+    (tmp_path / "embed.py").write_text(mine)
+    assert workalong.main(["04", "--dir", str(tmp_path), "--tests", "--", "-k",
+                           "output_is_token_row"]) == 1
+    out = capsys.readouterr().out
+    line = next(n for n, text in enumerate(mine.splitlines(), 1) if "pos_emb(pos)[T]" in text)
+    assert re.search(rf"at tests/test_embed.py:\d+: in \w+\n +at {tmp_path / 'embed.py'}:{line}: "
+                     r"in forward\n +> return x \+ self.pos_emb\(pos\)\[T\]  #", out), out
+    assert not re.search(r"^\s*>?\s*[\^~]+\s*$", out, re.M), out  # no caret line
+
+
+def test_a_failing_assertion_in_the_test_shows_the_tests_line():
+    problem = ET.fromstring(
+        '<failure message="AssertionError">tests/test_embed.py:30: in test_x\n'
+        '    assert out.shape == (2, 8, 16), "shape"\n           ^^^^^^^^^\n'
+        'E   AssertionError: shape</failure>')
+    assert workalong.note(problem, mine={"tiny_llm/embed.py"}).splitlines()[:2] == [
+        "at tests/test_embed.py:30: in test_x", '> assert out.shape == (2, 8, 16), "shape"']
+
+
+def report(cases):
+    """A fake run_python that writes pytest's junit report of `cases` ({name: traceback or None}),
+    as a run of the step's tests would."""
+    def run(argv, cwd, env, timeout, capture=True):
+        path = next(a for a in argv if a.startswith("--junitxml=")).partition("=")[2]
+        suite = ET.Element("testsuite")
+        for name, text in cases.items():
+            case = ET.SubElement(suite, "testcase", name=name)
+            if text:
+                ET.SubElement(case, "failure", message="failed").text = text
+        ET.ElementTree(suite).write(path)
+        return subprocess.CompletedProcess(argv, 1 if any(cases.values()) else 0, "", "")
+    return run
+
+
+IN_YOUR_FILE = ("tests/test_embed.py:150: in test_solutions\n    same, cos = ex.cosines()\n"
+                "solutions/ex04_embed.py:20: in cosines\n    out = emb(idx)\n"
+                "tiny_llm/embed.py:49: in forward\n    x = self.tok_emb(idx)\n        ^^^^^\n"
+                "E   IndexError: index out of range")
+
+
+def test_the_exercises_are_reported_apart_from_the_steps_own_tests(tmp_path, capsys,
+                                                                    monkeypatch):
+    """Issue 42: test_solutions failed beside the step's tests and pointed into the learner's
+    forward, though every test of the step passed."""
+    assert workalong.exercise_tests("embed") == {"test_solutions"}
+    (tmp_path / "embed.py").write_text(buildup.state(4)["embed.py"])
+    monkeypatch.setattr(workalong, "run_python", report(
+        {"test_parameter_count_is_two_tables": None, "test_bad_sizes_are_refused": None,
+         "test_solutions": IN_YOUR_FILE}))
+    assert workalong.main(["04", "--dir", str(tmp_path), "--tests"]) == 1
+    out = capsys.readouterr().out
+    assert "exercises    the answers in solutions/ex04_*.py" in out
+    assert "the step's own tests pass: this is an exercise's answer failing" in out
+    assert f"at {tmp_path / 'embed.py'}" not in out and "at solutions/ex04_embed.py:20" in out
+    assert f"summary      step's tests: 2 of 2 pass; exercises: 0 of 1 pass in {tmp_path};" in out
+    monkeypatch.setattr(workalong, "run_python", report(
+        {"test_parameter_count_is_two_tables": IN_YOUR_FILE.replace("test_solutions", "test_p"),
+         "test_bad_sizes_are_refused": None, "test_solutions": IN_YOUR_FILE}))
+    assert workalong.main(["04", "--dir", str(tmp_path), "--tests"]) == 1
+    out = capsys.readouterr().out
+    assert "the step's own tests fail above: this may follow from them" in out
+    assert f"at {tmp_path / 'embed.py'}:49: in forward" in out
+    assert "step's tests: 1 of 2 pass; exercises: 0 of 1 pass" in out
+
+
+@pytest.mark.parametrize(("ending", "said"), [
+    ("os._exit(0)", "pytest exited with code 0 and wrote no report"),
+    ("os.kill(os.getpid(), 9)", "pytest was killed by signal 9 (SIGKILL) and wrote no report")])
+def test_tests_that_did_not_finish_are_never_a_pass(tmp_path, capsys, warm, ending, said):
+    """Issue 45, BAD 3: a body that called os._exit(0) gave "0 of 1 tests pass" and exit 0."""
+    (tmp_path / "embed.py").write_text(buildup.state(4)["embed.py"] + f"\nimport os\n{ending}\n")
+    assert workalong.main(["04", "--dir", str(tmp_path), "--tests"]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL  the tests did not finish\n          {said}" in out, out
+    assert "summary      the tests did not finish (above)" in out, out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal")
+def test_a_run_killed_with_sigkill_leaves_no_test_run_behind(tmp_path):
+    """Issue 45: after kill -9, the killed run's pytest kept burning a core in mine/.build."""
+    (tmp_path / "embed.py").write_text(buildup.state(4)["embed.py"] +
+                                       "\nimport time\ntime.sleep(120)\n")
+    run = subprocess.Popen([sys.executable, "-m", "tiny_llm.course.workalong", "04", "--tests",
+                            "--dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL)
+    children = Path(f"/proc/{run.pid}/task/{run.pid}/children")
+    for _ in range(600):
+        if run.poll() is None and (child := children.read_text().split()):
+            break
+        time.sleep(0.05)
+    else:
+        run.kill()
+        pytest.fail("workalong started no test run in 30 s")
+    run.kill()  # SIGKILL: no finally, no handler runs
+    run.wait()
+    stat = Path(f"/proc/{child[0]}/stat")
+    for _ in range(100):
+        if not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z":
+            break  # gone, or dead and waiting to be reaped: burning nothing
+        time.sleep(0.05)
+    else:
+        os.kill(int(child[0]), 9)
+        pytest.fail(f"the test run {child[0]} outlived the killed workalong by 5 s")

@@ -19,8 +19,10 @@ one) linked in its place. The folder is deleted and written again when the step 
 your files changed (it holds a marker, MARKER, so nothing else is ever deleted), and kept
 otherwise. A run holds `mine/.build.lock` meanwhile: a second run on the same folder stops and
 says so instead of rebuilding under the first. Then it runs the step's tests there and shows
-each failure's line, values and message, and the chapter's checks, comparing what they print
-with the chapter line by line; each command is stopped after `--timeout` seconds.
+each failure's line (yours where the error passed through your file), values and message, the
+exercises' tests apart from the step's own, and the chapter's checks, comparing what they print
+with the chapter line by line; each command is stopped after `--timeout` seconds, and dies with
+this run even when it is killed. A test run that ends without pytest's report is never a pass.
 `--run -- python ...` runs any course command on that build, from where you are. Your files
 are only ever read: the one file a run writes in `mine/` is a step's skeleton where you have
 none yet; `--fresh` writes a new skeleton beside yours (`mine/attention.fresh.py`) and leaves
@@ -467,13 +469,34 @@ def environment(build_folder=None):
     return env
 
 
+PR_SET_PDEATHSIG = 1  # Linux's prctl option: a signal the child gets when its parent dies
+
+
+def die_with(parent):
+    """A preexec_fn that makes the child killed when workalong (`parent`) dies, even by kill -9,
+    where the platform can (Linux's parent-death signal); elsewhere (macOS) None: nothing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def in_the_child():
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # workalong died before the line above: go with it
+            os._exit(1)
+
+    return in_the_child
+
+
 def run_python(argv, cwd, env, timeout, capture=True):
     """`python *argv` in `cwd`: a CompletedProcess (text stdout and stderr when `capture`, else
     they go to this terminal). After `timeout` seconds (None: no limit) the command and what it
     started are stopped and subprocess.TimeoutExpired is raised."""
     out = subprocess.PIPE if capture else None
     proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=out, stderr=out,
-                            text=True, start_new_session=True)  # its own group, to stop it all
+                            text=True, start_new_session=True,  # its own group, to stop it all
+                            preexec_fn=die_with(os.getpid()))
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except BaseException:  # the time limit, or Ctrl-C: stop the command and its children too
@@ -498,12 +521,40 @@ def print_changes(step, folder):
         if not mine.is_file():
             print(f"change       tiny_llm/{hunk.file}: {what}; you have no {mine}: the "
                   "course's, changed, is used")
-        elif squash("\n".join(hunk.new)) in squash(mine.read_text()):
+        elif applied(hunk, mine.read_text()):
             print(f"change       {mine}: {what}: applied")
         else:
             print(f"change       {mine}: {what}: apply it to your file, as the chapter shows:")
             for line in diff_lines(hunk):
                 print(f"             {line}")
+
+
+def code_only(text):
+    """`text` as code alone, on one line: comments, blank lines and runs of spaces dropped
+    ('x = 1  # one\n\ny = 2' -> 'x = 1 y = 2'). A `#` inside a string is kept."""
+    kept = []
+    for line in text.splitlines():
+        quote, skip = None, False
+        for at, char in enumerate(line):
+            if skip:
+                skip = False
+            elif quote:
+                skip, quote = char == "\\", None if char == quote else quote
+            elif char in "'\"":
+                quote = char
+            elif char == "#":
+                line = line[:at]
+                break
+        kept.append(line)
+    return squash("\n".join(kept))
+
+
+def applied(hunk, text):
+    """Whether the learner's file `text` has chapter change `hunk`, comments and white space
+    aside: its new lines are there, and its old ones gone unless the new ones hold them."""
+    new, old, mine = (code_only("\n".join(hunk.new)), code_only("\n".join(hunk.old)),
+                      code_only(text))
+    return new in mine and (old in new or old not in mine)
 
 
 def diff_lines(hunk):
@@ -519,8 +570,10 @@ def diff_lines(hunk):
     return shown
 
 
-def run_tests(where, module, extra=(), timeout=TIMEOUT):
-    """Run tests/test_<module>.py in the build folder: (exit code, [(test, passed, note)])."""
+def run_tests(where, module, extra=(), timeout=TIMEOUT, mine=None):
+    """Run tests/test_<module>.py in the build folder: (exit code, [(test, passed, note)]).
+    `mine`: the learner's files as the build's paths ('tiny_llm/embed.py'), for note(). An
+    exercise's failure points into their file only while the step's own tests fail too."""
     report = Path(where).absolute() / "report.xml"  # pytest runs in `where`: a path from here
     report.unlink(missing_ok=True)  # a kept build holds the last run's: never read it as this one's
     argv = ["-m", "pytest", f"tests/test_{module}.py", "-n", "0", "-q", "--tb=short", "-p",
@@ -531,23 +584,89 @@ def run_tests(where, module, extra=(), timeout=TIMEOUT):
         return 1, [(f"tests/test_{module}.py", False,
                     f"stopped after {timeout} s: a loop that never ends? (--timeout SECONDS "
                     "allows more)")]
-    if not report.exists():
-        return proc.returncode, [("collecting the tests", False, proc.stdout[-1500:].strip())]
-    results = []
+    if not report.exists():  # pytest writes it as it ends: without it, nothing is known to pass
+        return proc.returncode or 1, [(DID_NOT_FINISH, False, unfinished(proc))]
+    cases, exercises = [], exercise_tests(module)
     for case in ET.parse(report).getroot().iter("testcase"):
         problem = case.find("failure")
-        problem = case.find("error") if problem is None else problem
-        results.append((case.get("name"), problem is None, note(problem, show_full(extra))))
+        cases.append((case.get("name"), case.find("error") if problem is None else problem))
+    own_pass = all(problem is None for name, problem in cases if not is_exercise(name, exercises))
+    results = [(name, problem is None,
+                note(problem, show_full(extra),
+                     set() if own_pass and is_exercise(name, exercises) else mine))
+               for name, problem in cases]
     if not results and proc.returncode:  # no test ran: pytest's own words say why
         output = (proc.stdout + proc.stderr)[-1500:].strip()
         return proc.returncode, [("collecting the tests", False, output)]
     return proc.returncode, results
 
 
-def note(problem, full=False):
+def is_exercise(test, exercises):
+    """Whether pytest's test name 'test_solutions[1]' is one of `exercises` (exercise_tests)."""
+    return test.partition("[")[0] in exercises
+
+
+DID_NOT_FINISH = "the tests did not finish"
+
+
+def unfinished(proc):
+    """Why a pytest run that wrote no report ended, for the learner: its exit code (or the
+    signal that killed it) and its last words."""
+    code = proc.returncode
+    how = (f"was killed by signal {-code} ({signal.Signals(-code).name})" if code < 0
+           else f"exited with code {code}")
+    said = ((proc.stdout or "") + (proc.stderr or ""))[-1500:].strip()
+    return (f"pytest {how} and wrote no report, so no test is known to pass: something ended "
+            "the process early (os._exit or sys.exit in your code, a crash, a kill)"
+            + (f". Its last output:\n{said}" if said else ""))
+
+
+def exercise_tests(module):
+    """The names of the tests in tests/test_<module>.py that use the chapter's exercises'
+    answers (a name imported from solutions/): reported apart from the step's own tests."""
+    tree = ast.parse((ROOT / "tests" / f"test_{module}.py").read_text())
+    answers = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "solutions":
+            answers |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            answers |= {(a.asname or a.name).split(".")[0] for a in node.names
+                        if a.name.split(".")[0] == "solutions"}
+    return {name.rpartition(".")[2] for name, node in bodies(tree)
+            if any(isinstance(n, ast.Name) and n.id in answers for n in ast.walk(node))}
+
+
+FRAME = re.compile(r"^(\S.*?):(\d+): in (\S+)$")  # pytest's short traceback: file:line: in name
+CARETS = re.compile(r"^\s*[~^]+\s*$")  # Python's marks under the failing part of a line
+
+
+def frames(traceback):
+    """[(file, line, function, the code line)] of pytest's short traceback, outermost first:
+    each frame's own code line, never the `^^^^` line Python writes under it."""
+    found = []
+    for number, line in enumerate(traceback):
+        if match := FRAME.match(line):
+            code = [text.strip() for text in traceback[number + 1 : number + 3]
+                    if text.startswith(" ") and not CARETS.match(text)]
+            found.append((*match.groups(), code[0] if code else ""))
+    return found
+
+
+def learners(path, mine):
+    """Whether traceback path `path` is one of the learner's files: one of `mine` (paths as
+    pytest writes them in the build, 'tiny_llm/embed.py'); None: any course module."""
+    if mine is None:
+        return path.startswith("tiny_llm/") and not path.startswith("tiny_llm/course/")
+    return path in mine
+
+
+def note(problem, full=False, mine=None):
     """What a learner needs from a failure: where it failed, the assertion with its values and
-    the test's own message, and the message a test expected. `full`: pytest's whole report of
-    the failure, in the traceback style the learner asked for (-- --tb=long)."""
+    the test's own message, and the message a test expected. The failing line is the learner's
+    own (the deepest frame in one of `mine`, as learners() reads it) where the traceback passes
+    through their file, after the test's line that called it; else the test's (or an exercise's
+    answer's, solutions/). `full`: pytest's whole report of the failure, in the traceback style the
+    learner asked for (-- --tb=long)."""
     if problem is None:
         return ""
     text = (problem.text or "").strip()
@@ -560,8 +679,14 @@ def note(problem, full=False):
     first = ends[-1]
     while first - 1 in ends:  # the last block of `E` lines: the error the test ended with
         first -= 1
-    where = [line for line in traceback[:first] if re.match(r"^\S.*:\d+: in ", line)]
-    lines = [f"at {where[-1]}" if where else "", f"> {traceback[first - 1].strip()}"]
+    stack = frames(traceback[:first])
+    ours = [f for f in stack if f[0].startswith(("tests/", "solutions/"))]
+    chosen = ([f for f in stack if learners(f[0], mine)] or ours or stack or [None])[-1]
+    lines = []
+    if ours and chosen and ours[-1] != chosen:  # the learner's line: first, the test's call
+        lines.append(f"at {ours[-1][0]}:{ours[-1][1]}: in {ours[-1][2]}")
+    if chosen:
+        lines += [f"at {chosen[0]}:{chosen[1]}: in {chosen[2]}", f"> {chosen[3]}"]
     lines += [line[2:].strip() for line in traceback[first : ends[-1] + 1]][:16]  # the error
     expected = re.findall(r"match=(r?['\"].*?['\"])\)?:?$", text, re.M)
     if "DID NOT RAISE" in text and expected:
@@ -789,22 +914,44 @@ def test_and_check(step, args, extra, files, path, timeout):
     where = build(step, args.dir)
     print(f"tests        tests/test_{module}.py on {Path(args.dir) / '.build'} (your "
           f"{', '.join(p.name for p in files.values())})", flush=True)
-    code, results = run_tests(where, module, extra, timeout)
-    said = set()
-    for module_name, mine in files.items():  # the build's link is the learner's own file
-        results = [(n, ok, why.replace(f"at tiny_llm/{module_name}.py:", f"at {mine}:"))
+    mine = {f"tiny_llm/{m}.py" for m in files}
+    code, results = run_tests(where, module, extra, timeout, mine)
+    for module_name, yours_ in files.items():  # the build's link is the learner's own file
+        results = [(n, ok, why.replace(f"at tiny_llm/{module_name}.py:", f"at {yours_}:"))
                    for n, ok, why in results]
-    for name, passed, why in results:
+    exercises = exercise_tests(module)
+    own = [r for r in results if not is_exercise(r[0], exercises)]
+    theirs = [r for r in results if is_exercise(r[0], exercises)]
+    said = set()
+    for name, passed, why in own:
         print(f"  {'pass' if passed else 'FAIL'}  {name}")
         if why and why not in said:  # each failure message once: often all the same stub
             print("\n".join(f"          {line}" for line in why.splitlines()))
             said.add(why)
+    own_pass = all(ok for _, ok, _ in own)
+    if theirs:
+        print(f"exercises    the answers in solutions/ex{step:02d}_*.py, run on your files "
+              "(the chapter's Exercises)")
+    for name, passed, why in theirs:
+        print(f"  {'pass' if passed else 'FAIL'}  {name}")
+        if not passed:
+            print("          " + ("the step's own tests pass: this is an exercise's answer "
+                                  "failing, not a body the step asks of you" if own_pass else
+                                  "the step's own tests fail above: this may follow from them; "
+                                  "fix those first"))
+        if why and why not in said:
+            print("\n".join(f"          {line}" for line in why.splitlines()))
+            said.add(why)
     wrong = 0 if args.no_check else run_checks(where, step, timeout)
-    passed = sum(ok for _, ok, _ in results)
     check = ("not run" if args.no_check else "as the chapter shows" if not wrong
              else f"{wrong} command(s) differ")
-    print(f"summary      {passed} of {len(results)} tests pass in {path.parent}; the checks: "
-          f"{check}")
+    if [name for name, *_ in results] == [DID_NOT_FINISH]:
+        tests = DID_NOT_FINISH + " (above)"
+    else:
+        tests = f"step's tests: {sum(ok for _, ok, _ in own)} of {len(own)} pass"
+        if theirs:
+            tests += f"; exercises: {sum(ok for _, ok, _ in theirs)} of {len(theirs)} pass"
+    print(f"summary      {tests} in {path.parent}; the checks: {check}")
     return 0 if code == 0 and not wrong else 1
 
 
