@@ -356,7 +356,7 @@ MISTAKES = {
     "gpt_check_targets_forgotten": Mistake(
         "gpt",
         "        check_targets(idx, targets, self.config.vocab_size, "
-        'values=targets.device.type == "cpu")\n',
+        'values=idx.device.type == "cpu")\n',
         "",
         "test_gpt.py",
         "checks_its_targets",

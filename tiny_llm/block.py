@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tiny_llm.checks import check_n_layers
 from tiny_llm.device import seed_everything
 from tiny_llm.files import save_figure
 from tiny_llm.multihead import MultiHeadAttention
@@ -100,8 +101,7 @@ def init_weights(module, n_layers):
     the same whatever the depth. The first loop gives every Linear the plain std; the second
     redraws the marked ones with the smaller std.
     """
-    if not isinstance(n_layers, int) or n_layers < 1:
-        raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
+    check_n_layers(n_layers)
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
