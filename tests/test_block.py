@@ -6,7 +6,15 @@ import torch
 import torch.nn as nn
 
 from solutions import ex07_block
-from tiny_llm.block import MLP, Block, LayerNorm, init_weights, plot_stds, residual_stds
+from tiny_llm.block import (
+    MLP,
+    Block,
+    LayerNorm,
+    init_weights,
+    plot_stds,
+    read_at_scales,
+    residual_stds,
+)
 
 
 def norm_seen(norm, x, out):
@@ -185,6 +193,22 @@ def test_scaled_init_keeps_the_residual_stream_from_growing_with_depth():
     assert all(b > a for a, b in itertools.pairwise(plain))  # plain: grows block after block
     assert plain[-1] > 1.5 * scaled[-1]
     assert scaled[-1] < 2.5 * 0.02 * math.sqrt(2)  # still the embedding's order of size
+
+
+def test_layernorm_makes_what_the_sublayers_read_the_same_at_every_scale():
+    seen = read_at_scales(d_model=32, n_heads=4, seq_len=16)
+    normed = [seen[s]["LayerNorm"] for s in (0.03, 1.0, 30.0)]
+    for scale, (weight, mlp) in zip((0.03, 1.0, 30.0), normed, strict=True):
+        assert weight == pytest.approx(normed[1][0], rel=0.02) and mlp == pytest.approx(
+            normed[1][1], rel=0.02), (f"through LayerNorm, a stream of std {scale} gives top "
+                                      f"weight {weight:.3f} and MLP std {mlp:.4f}, not "
+                                      f"{normed[1][0]:.3f} and {normed[1][1]:.4f} as at std 1")
+    raw_small, raw_large = seen[0.03]["raw"], seen[30.0]["raw"]
+    assert raw_large[0] > 0.5, f"raw, a stream of std 30 gives top weight {raw_large[0]:.3f}, " \
+                               "not a saturated softmax (> 0.5)"
+    assert raw_small[1] < 0.1 * normed[0][1], (
+        f"raw, a stream of std 0.03 gives the MLP an output of std {raw_small[1]:.4f}, not far "
+        f"below the {normed[0][1]:.4f} it gives through LayerNorm")
 
 
 def test_residual_stds_are_seeded():
