@@ -68,9 +68,10 @@ def block_seen():
             (h + m(n2(x)), "the MLP reads ln_2 of the block's input: it reads the stream after "
                            "attention has been added"),
             (h + m(n1(h)), "ln_1 is used twice: the MLP reads ln_2(x)"),
-            (n1(x) + a(n1(x)) + m(n2(n1(x) + a(n1(x)))),
-             "the residual is added to the normalised x: add onto the stream itself, "
-             "x = x + self.attn(self.ln_1(x)), not ln_1(x) + attn(ln_1(x))"),
+            *((wrong, "the residual is added to the normalised x: add onto the stream itself, "
+                       "x = x + self.attn(self.ln_1(x)), not ln_1(x) + attn(ln_1(x))")
+              for h1 in [n1(x) + a(n1(x))]
+              for wrong in (h1 + m(n2(h1)), n2(h1) + m(n2(h1)))),
         ]
         out = block(x)
         for wrong, said in mistakes:
