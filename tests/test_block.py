@@ -6,7 +6,15 @@ import torch
 import torch.nn as nn
 
 from solutions import ex07_block
-from tiny_llm.block import MLP, Block, LayerNorm, init_weights, plot_stds, residual_stds
+from tiny_llm.block import (
+    MLP,
+    Block,
+    LayerNorm,
+    init_weights,
+    plot_stds,
+    read_at_scales,
+    residual_stds,
+)
 
 
 def norm_seen(norm, x, out):
@@ -60,6 +68,10 @@ def block_seen():
             (h + m(n2(x)), "the MLP reads ln_2 of the block's input: it reads the stream after "
                            "attention has been added"),
             (h + m(n1(h)), "ln_1 is used twice: the MLP reads ln_2(x)"),
+            *((wrong, "the residual is added to the normalised x: add onto the stream itself, "
+                       "x = x + self.attn(self.ln_1(x)), not ln_1(x) + attn(ln_1(x))")
+              for h1 in [n1(x) + a(n1(x))]
+              for wrong in (h1 + m(n2(h1)), n2(h1) + m(n2(h1)))),
         ]
         out = block(x)
         for wrong, said in mistakes:
@@ -109,14 +121,24 @@ def test_layernorm_gives_each_position_mean_0_and_variance_1():
 
 def test_mlp_widens_four_times_and_keeps_the_shape():
     mlp = MLP(16)
-    assert mlp.fc.weight.shape == (64, 16) and mlp.proj.weight.shape == (16, 64)
-    assert mlp(torch.randn(2, 3, 16)).shape == (2, 3, 16)
-    assert sum(p.numel() for p in mlp.parameters()) == 8 * 16**2 + 5 * 16
+    shapes = (tuple(mlp.fc.weight.shape), tuple(mlp.proj.weight.shape))
+    assert shapes == ((64, 16), (16, 64)), (
+        f"MLP(16): fc and proj weights are {shapes[0]} and {shapes[1]}, not (64, 16) and "
+        "(16, 64): fc = nn.Linear(d_model, 4 * d_model), proj = nn.Linear(4 * d_model, d_model)")
+    out = mlp(torch.randn(2, 3, 16))
+    assert out.shape == (2, 3, 16), f"MLP(16) maps (2, 3, 16) to {tuple(out.shape)}"
+    count = sum(p.numel() for p in mlp.parameters())
+    assert count == 8 * 16**2 + 5 * 16, f"MLP(16) has {count} parameters, not 8·d² + 5·d = 2128"
 
 
 def test_block_parameters_follow_12_d_squared_plus_13_d():
     block = Block(64, n_heads=4, max_seq_len=8)
-    assert sum(p.numel() for p in block.parameters()) == 12 * 64**2 + 13 * 64
+    count = sum(p.numel() for p in block.parameters())
+    parts = {name: sum(p.numel() for p in part.parameters())
+             for name, part in block.named_children()}
+    assert count == 12 * 64**2 + 13 * 64, (
+        f"Block(64, ...) has {count:,} parameters, not 12·d² + 13·d = {12 * 64**2 + 13 * 64:,}; "
+        f"its parts hold {parts} (ln_1, ln_2: 128 each, attn: 16,640, mlp: 33,088)")
 
 
 def test_block_is_the_identity_when_both_sublayers_output_zero():
@@ -148,8 +170,11 @@ def test_init_weights_gives_residual_projections_the_smaller_std():
     torch.manual_seed(0)
     block = init_weights(Block(256, n_heads=4, max_seq_len=8), n_layers=8)
     small = 0.02 / math.sqrt(2 * 8)  # 0.005
-    assert block.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.03)
-    assert block.mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.03)
+    for name in ("attn.qkv", "mlp.fc"):
+        std = block.get_submodule(name).weight.std().item()
+        assert std == pytest.approx(0.02, rel=0.03), (
+            f"{name} starts with std {std:.4f}, not 0.02: init_weights' first loop draws every "
+            "nn.Linear weight from N(0, 0.02²)")
     for name in ("attn.proj", "mlp.proj"):
         layer = block.get_submodule(name)
         std = layer.weight.std().item()
@@ -165,16 +190,22 @@ def test_init_weights_gives_residual_projections_the_smaller_std():
             why = (f"{name} is marked residual_output, but starts with std {std:.4f}, not "
                    f"0.02/√(2·n_layers) = {small:.4f}" + "".join(f" ({h})" for h in hint))
         assert std == pytest.approx(small, rel=0.03), why
-    for name, p in block.named_parameters():
-        if name.endswith("bias"):
-            assert torch.all(p == 0), name
-    assert torch.all(block.ln_1.weight == 1) and torch.all(block.ln_2.weight == 1)
+    biases = [n for n, p in block.named_parameters() if n.endswith("bias") and p.abs().max() > 0]
+    assert biases == [], (
+        f"these biases do not start at 0: {biases}: init_weights' first loop zeroes every "
+        "nn.Linear bias")
+    gains = [n for n in ("ln_1", "ln_2") if not torch.equal(block.get_submodule(n).weight,
+                                                             torch.ones(256))]
+    assert gains == [], f"the LayerNorm gains of {gains} are not all 1: init_weights leaves them"
 
 
 def test_init_weights_covers_embeddings_and_refuses_a_bad_depth():
     torch.manual_seed(0)
     emb = init_weights(nn.Embedding(1000, 64), n_layers=2)
-    assert emb.weight.std().item() == pytest.approx(0.02, rel=0.03)
+    std = emb.weight.std().item()
+    assert std == pytest.approx(0.02, rel=0.03), (
+        f"an nn.Embedding starts with std {std:.4f}, not 0.02: init_weights covers nn.Embedding "
+        "as well as nn.Linear")
     with pytest.raises(ValueError, match="n_layers must be a positive int, got 0"):
         init_weights(emb, n_layers=0)
 
@@ -182,26 +213,52 @@ def test_init_weights_covers_embeddings_and_refuses_a_bad_depth():
 def test_scaled_init_keeps_the_residual_stream_from_growing_with_depth():
     plain = residual_stds(8, scaled=False, d_model=32, seq_len=16)
     scaled = residual_stds(8, scaled=True, d_model=32, seq_len=16)
-    assert all(b > a for a, b in itertools.pairwise(plain))  # plain: grows block after block
-    assert plain[-1] > 1.5 * scaled[-1]
-    assert scaled[-1] < 2.5 * 0.02 * math.sqrt(2)  # still the embedding's order of size
+    shown = f"plain {[round(v, 4) for v in plain]}, scaled {[round(v, 4) for v in scaled]}"
+    falls = [i + 1 for i, (a, b) in enumerate(itertools.pairwise(plain)) if b <= a]
+    assert not falls, f"the plain init's std does not grow after block(s) {falls}: {shown}"
+    assert plain[-1] > 1.5 * scaled[-1], f"the scaled init ends less than 1.5 times below: {shown}"
+    assert scaled[-1] < 2.5 * 0.02 * math.sqrt(2), (  # still the embedding's order of size
+        f"the scaled init ends at std {scaled[-1]:.4f}, above 2.5 times the embedding's 0.028")
+
+
+def test_layernorm_makes_what_the_sublayers_read_the_same_at_every_scale():
+    seen = read_at_scales(d_model=32, n_heads=4, seq_len=16)
+    normed = [seen[s]["LayerNorm"] for s in (0.03, 1.0, 30.0)]
+    for scale, (weight, mlp) in zip((0.03, 1.0, 30.0), normed, strict=True):
+        assert weight == pytest.approx(normed[1][0], rel=0.02) and mlp == pytest.approx(
+            normed[1][1], rel=0.02), (f"through LayerNorm, a stream of std {scale} gives top "
+                                      f"weight {weight:.3f} and MLP std {mlp:.4f}, not "
+                                      f"{normed[1][0]:.3f} and {normed[1][1]:.4f} as at std 1")
+    raw_small, raw_large = seen[0.03]["raw"], seen[30.0]["raw"]
+    assert raw_large[0] > 0.5, f"raw, a stream of std 30 gives top weight {raw_large[0]:.3f}, " \
+                               "not a saturated softmax (> 0.5)"
+    assert raw_small[1] < 0.1 * normed[0][1], (
+        f"raw, a stream of std 0.03 gives the MLP an output of std {raw_small[1]:.4f}, not far "
+        f"below the {normed[0][1]:.4f} it gives through LayerNorm")
 
 
 def test_residual_stds_are_seeded():
-    assert residual_stds(2, d_model=16, seq_len=8) == residual_stds(2, d_model=16, seq_len=8)
+    first, again = (residual_stds(2, d_model=16, seq_len=8) for _ in range(2))
+    assert first == again, f"two runs with one seed gave {first} and {again}"
 
 
 def test_plot_stds_writes_a_png(tmp_path):
     path = plot_stds([0.1, 0.2], [0.03, 0.04], tmp_path / "stds.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    head = path.read_bytes()[:8]
+    assert head == b"\x89PNG\r\n\x1a\n", f"{path} starts with {head!r}, not a PNG's signature"
 
 
 def test_solutions():
     parts, counted, mlp_counted = ex07_block.exercise_1_block_parameters(128)
-    assert parts["total = 12·d² + 13·d"] == counted == 198_272 and mlp_counted == parts["mlp"]
+    assert parts["total = 12·d² + 13·d"] == counted == 198_272 and mlp_counted == parts["mlp"], (
+        f"exercise 1: by hand {parts}, counted {counted:,} (mlp {mlp_counted:,}); wanted 198,272")
     flops, crossover = ex07_block.exercise_2_flops_per_token(d_model=128, T=256)
-    assert flops["mlp"] == 2 * flops["attention projections"] and crossover == 512
-    assert ex07_block.exercise_3_why_eps() == (True, True)
+    assert flops["mlp"] == 2 * flops["attention projections"] and crossover == 512, (
+        f"exercise 2: {flops}, crossover T = {crossover}; wanted the MLP at twice the "
+        "projections and T = 512")
+    eps = ex07_block.exercise_3_why_eps()
+    assert eps == (True, True), f"exercise 3 gave {eps}: zeros with eps, NaN without"
     depth = ex07_block.exercise_4_depth(depths=(2, 16), d_model=32)
-    assert depth[16][0] > 1.5 * depth[2][0]  # plain grows with depth
-    assert depth[16][1] == pytest.approx(depth[2][1], rel=0.15)  # scaled stays put
+    assert depth[16][0] > 1.5 * depth[2][0], f"exercise 4: plain init {depth}: grows with depth"
+    assert depth[16][1] == pytest.approx(depth[2][1], rel=0.15), (
+        f"exercise 4: scaled init {depth}: stays put with depth")

@@ -45,12 +45,22 @@ def test_top_k_never_samples_outside_the_k_largest():
     probs = next_token_probs(logits, top_k=5)
     generator = torch.Generator().manual_seed(1)
     draws = torch.multinomial(probs, 2000, replacement=True, generator=generator)
-    assert set(draws[0].tolist()) <= allowed
-    assert int((probs > 0).sum()) == 5
-    assert math.isclose(probs.sum().item(), 1.0, rel_tol=1e-6)
+    outside = sorted(set(draws[0].tolist()) - allowed)
+    smallest = set(torch.topk(logits, 5, largest=False).indices[0].tolist())
+    assert not outside, (
+        f"top_k=5 drew tokens {outside[:8]}, outside the 5 largest logits {sorted(allowed)}"
+        + (": it keeps the 5 smallest; torch.topk gives the largest unless told otherwise"
+           if set(torch.nonzero(probs[0]).flatten().tolist()) == smallest else ""))
+    kept = int((probs > 0).sum())
+    assert kept == 5, f"top_k=5 left {kept} tokens with a probability above 0, not 5"
+    total = probs.sum().item()
+    assert math.isclose(total, 1.0, rel_tol=1e-6), f"the probabilities sum to {total}, not 1"
 
 
 def test_top_k_keeps_exactly_k_even_with_ties_and_clamps_to_the_vocabulary():
+    distinct = int(torch.isfinite(top_k_filter(torch.tensor([[3.0, 2.0, 1.0, 0.0]]), 2)).sum())
+    assert distinct == 2, f"top_k_filter([[3, 2, 1, 0]], 2) kept {distinct} tokens, not 2" + (
+        ": one token too many; torch.topk(logits, top_k), not top_k + 1" if distinct == 3 else "")
     logits = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     kept = int(torch.isfinite(top_k_filter(logits, 2)).sum())
     assert kept == 2, f"top_k_filter([[1, 1, 1, 0]], 2) kept {kept} tokens, not 2" + (
@@ -82,7 +92,8 @@ def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p(top_p, kept):
             if len(got) > len(kept) else "")
     assert got == kept, f"top_p={top_p} on probabilities [0.5, 0.25, 0.125, 0.125] kept " \
                         f"tokens {got}, not {kept}{hint}"
-    assert math.isclose(probs.sum().item(), 1.0, rel_tol=1e-6)
+    total = probs.sum().item()
+    assert math.isclose(total, 1.0, rel_tol=1e-6), f"the kept probabilities sum to {total}, not 1"
 
 
 def test_top_p_works_on_unsorted_logits_row_by_row():
@@ -97,11 +108,35 @@ def test_top_p_works_on_unsorted_logits_row_by_row():
 def test_temperature_zero_is_argmax():
     model = FixedLogits([0.1, 2.0, 1.9, -1.0])
     out = generate(model, torch.tensor([[0]]), 5, temperature=0, eot_id=None)
-    assert out[0, 1:].tolist() == [1] * 5
+    assert out[0, 1:].tolist() == [1] * 5, (
+        f"temperature 0 wrote {out[0, 1:].tolist()}, not token 1 (the argmax) five times")
+
+
+class LastPositionKnows(FixedLogits):
+    """A stand-in model whose last position alone prefers token 2; every other prefers 1."""
+
+    def forward(self, idx, targets=None):
+        logits, _ = super().forward(idx)
+        logits = logits.clone()
+        logits[:, -1] = torch.tensor([0.0, 0.0, 5.0])
+        return logits, None
+
+
+def test_the_next_token_comes_from_the_last_position():
+    out = generate(LastPositionKnows([0.0, 5.0, 0.0]), torch.tensor([[0, 0, 0]]), 2,
+                   temperature=0, eot_id=None)
+    assert out[0, 3:].tolist() == [2, 2], (
+        f"greedy wrote {out[0, 3:].tolist()}, not [2, 2]"
+        + (": the token came from another position's logits; only the last position predicts "
+           "the next token, logits[:, -1, :]" if 1 in out[0, 3:].tolist() else ""))
 
 
 def test_low_temperature_sharpens_and_high_temperature_flattens():
     logits = torch.tensor([[2.0, 1.0, 0.0]])
+    sums = [next_token_probs(logits, temperature=t).sum().item() for t in (0.5, 1.0, 2.0)]
+    assert all(math.isclose(v, 1.0, rel_tol=1e-5) for v in sums), (
+        f"at temperatures 0.5, 1, 2 the probabilities sum to {[round(v, 4) for v in sums]}, not "
+        "1: the temperature divides the logits before the softmax, not the probabilities after")
     top = [next_token_probs(logits, temperature=t)[0, 0].item() for t in (0.5, 1.0, 2.0)]
     hint = (": divide the logits by the temperature, do not multiply them"
             if top[0] < top[1] < top[2] else "")
@@ -114,8 +149,10 @@ def test_the_same_seed_gives_the_same_text():
     prompt = torch.tensor([[1, 2, 3]])
     runs = [generate(model, prompt, 20, generator=torch.Generator().manual_seed(s), eot_id=None)
             for s in (7, 7, 8)]
-    assert torch.equal(runs[0], runs[1])
-    assert not torch.equal(runs[0], runs[2])
+    assert torch.equal(runs[0], runs[1]), (
+        f"seed 7 wrote {runs[0][0, 3:].tolist()} and then {runs[1][0, 3:].tolist()}: draw with "
+        "torch.multinomial(..., generator=generator)")
+    assert not torch.equal(runs[0], runs[2]), "seeds 7 and 8 wrote the same text"
 
 
 def test_generation_stops_after_the_eot_token():
@@ -125,18 +162,22 @@ def test_generation_stops_after_the_eot_token():
         tuple(out[0].tolist()), ": stop after appending eot_id" if out.shape[1] > 3 else "")
     assert out.tolist() == [[1, 2, 0]], f"generate gave {out.tolist()}{hint}"
     longer = generate(model, torch.tensor([[1, 2]]), 10, temperature=0, eot_id=None)
-    assert longer.shape == (1, 12)
+    assert longer.shape == (1, 12), (
+        f"with eot_id=None generate gave {tuple(longer.shape)}, not (1, 12): never stop early")
 
 
 def test_context_is_cropped_to_max_seq_len():
     model = FixedLogits([0.0, 1.0], max_seq_len=8)
     out = generate(model, torch.ones(1, 20, dtype=torch.long), 5, temperature=0, eot_id=None)
-    assert out.shape == (1, 25)
+    assert out.shape == (1, 25), (
+        f"5 new tokens after 20 gave {tuple(out.shape)}, not (1, 25): crop what the model reads, "
+        "not the text you return")
     assert max(model.seen_lengths) == 8, (
         f"the model was fed {max(model.seen_lengths)} tokens, more than max_seq_len=8: feed "
         "only the last max_seq_len tokens, idx[:, -max_seq_len:]")
     gpt = tiny_gpt(max_seq_len=8)  # a real GPT refuses T > 8, so cropping is what makes this work
-    assert generate(gpt, torch.tensor([[1, 2, 3]]), 12, eot_id=None).shape == (1, 15)
+    shape = tuple(generate(gpt, torch.tensor([[1, 2, 3]]), 12, eot_id=None).shape)
+    assert shape == (1, 15), f"a GPT of max_seq_len 8 wrote {shape}, not (1, 15)"
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -175,20 +216,25 @@ def test_complete_starts_an_empty_prompt_from_eot():
             return 0  # <|endoftext|>, as in every tokenizer the course trains
 
     text = complete(FixedLogits([0.0, 0.0, 5.0]), Chars(), "", 3, temperature=0, eot_id=None)
-    assert text == "bbb"  # id 2 three times; the leading EOT (id 0) decodes to nothing
+    assert text == "bbb", f"complete wrote {text!r}, not 'bbb'"  # the leading EOT decodes to ''
 
 
 def test_plot_sampling_writes_a_png(tmp_path):
     plot_sampling(tmp_path / "sampling.png")
-    assert (tmp_path / "sampling.png").read_bytes()[:4] == b"\x89PNG"
+    head = (tmp_path / "sampling.png").read_bytes()[:4]
+    assert head == b"\x89PNG", f"sampling.png starts with {head!r}, not a PNG's signature"
 
 
 def test_solutions():
-    assert ex09_generate.exercise_1_top_p_by_hand() == {
-        0.3: [0], 0.5: [0, 1], 0.75: [0, 1, 2], 0.95: [0, 1, 2, 3]}
+    kept = ex09_generate.exercise_1_top_p_by_hand()
+    wanted = {0.3: [0], 0.5: [0, 1], 0.75: [0, 1, 2], 0.95: [0, 1, 2, 3]}
+    assert kept == wanted, f"exercise 1 kept {kept}, not {wanted}"
     entropies = ex09_generate.exercise_2_entropy_by_temperature()
-    assert list(entropies) == [0.25, 0.5, 1.0, 2.0, 4.0]
     values = list(entropies.values())
-    assert values == sorted(values) and values[-1] < math.log(5) + 1e-9
-    assert ex09_generate.exercise_3_loop_top_p_matches(trials=50)
-    assert ex09_generate.exercise_4_untrained_greedy_repeats() > 0.5  # chance: 1 in 4096
+    assert list(entropies) == [0.25, 0.5, 1.0, 2.0, 4.0] and values == sorted(values) and (
+        values[-1] < math.log(5) + 1e-9), (
+        f"exercise 2: {entropies}: entropy rises with the temperature, below ln 5")
+    assert ex09_generate.exercise_3_loop_top_p_matches(trials=50), (
+        "exercise 3: the loop's top-p kept other tokens than top_p_filter")
+    share = ex09_generate.exercise_4_untrained_greedy_repeats()
+    assert share > 0.5, f"exercise 4: {share:.2f} of greedy picks repeat, not most (chance: 1/4096)"

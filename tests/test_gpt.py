@@ -17,10 +17,13 @@ def make(config=SMALL_VOCAB, seed=0):
 
 
 def test_presets_are_valid_configs_and_the_default_is_one_of_them():
-    assert DEFAULT_PRESET == "small" and {"tiny", "small"} <= set(PRESETS)
-    for config in PRESETS.values():
-        assert isinstance(config, GPTConfig) and config.vocab_size == 4096
-    assert GPT(PRESETS["tiny"]).num_params() < GPT(PRESETS["small"]).num_params()
+    assert DEFAULT_PRESET == "small" and {"tiny", "small"} <= set(PRESETS), (
+        f"the default preset is {DEFAULT_PRESET!r} of {sorted(PRESETS)}; wanted 'small'")
+    for name, config in PRESETS.items():
+        assert isinstance(config, GPTConfig) and config.vocab_size == 4096, (
+            f"preset {name!r} is {config!r}: a GPTConfig with vocab_size 4096")
+    tiny, small = (GPT(PRESETS[n]).num_params() for n in ("tiny", "small"))
+    assert tiny < small, f"tiny has {tiny:,} parameters, small {small:,}"
 
 
 @pytest.mark.parametrize(
@@ -47,9 +50,12 @@ def test_forward_gives_logits_for_every_position_and_loss_only_with_targets():
     model = make()
     idx = torch.randint(0, 256, (2, 10))
     logits, loss = model(idx)
-    assert logits.shape == (2, 10, 256) and loss is None
+    assert logits.shape == (2, 10, 256) and loss is None, (
+        f"without targets forward gave logits {tuple(logits.shape)} and loss {loss!r}; wanted "
+        "(2, 10, 256) and None")
     _, loss = model(idx, torch.randint(0, 256, (2, 10)))
-    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert torch.is_tensor(loss) and loss.dim() == 0 and torch.isfinite(loss), (
+        f"with targets the loss is {loss!r}, not one finite number: the mean over B·T positions")
 
 
 TIE = ("lm_head.weight is not embed.tok_emb.weight: tie them by assigning the Parameter, "
@@ -59,7 +65,7 @@ TIE = ("lm_head.weight is not embed.tok_emb.weight: tie them by assigning the Pa
 def test_head_weight_is_the_token_embedding():
     model = make()
     assert model.lm_head.weight is model.embed.tok_emb.weight, TIE
-    assert model.lm_head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
+    assert model.lm_head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr(), TIE
 
 
 def test_a_gradient_step_keeps_the_tied_weights_one_matrix():
@@ -70,16 +76,18 @@ def test_a_gradient_step_keeps_the_tied_weights_one_matrix():
     _, loss = model(torch.randint(0, 256, (2, 8)), torch.randint(0, 256, (2, 8)))
     loss.backward()
     optimizer.step()
-    assert not torch.equal(model.lm_head.weight, before)
-    assert torch.equal(model.lm_head.weight, model.embed.tok_emb.weight)
-    assert model.lm_head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr()
+    assert not torch.equal(model.lm_head.weight, before), "a step left lm_head.weight as it was"
+    assert torch.equal(model.lm_head.weight, model.embed.tok_emb.weight), (
+        "after one step lm_head.weight and embed.tok_emb.weight differ: " + TIE)
+    assert model.lm_head.weight.data_ptr() == model.embed.tok_emb.weight.data_ptr(), TIE
 
 
 def test_tying_survives_a_state_dict_round_trip():
     model, other = make(seed=0), make(seed=1)
     other.load_state_dict(model.state_dict())
     assert other.lm_head.weight is other.embed.tok_emb.weight, TIE
-    assert torch.equal(other.lm_head.weight, model.lm_head.weight)
+    assert torch.equal(other.lm_head.weight, model.lm_head.weight), (
+        "load_state_dict did not bring the tied matrix over")
 
 
 def test_initial_loss_is_near_ln_vocab_size():
@@ -95,11 +103,12 @@ def test_initial_loss_is_near_ln_vocab_size():
 
 
 def forward_by_hand(model, idx):
-    """The logits of step 08's forward, computed here; and the same without ln_f."""
+    """The logits of step 08's forward, computed here; the same without ln_f; without blocks."""
     x = model.drop(model.embed(idx))
+    unchanged = model.lm_head(model.ln_f(x))
     for block in model.blocks:
         x = block(x)
-    return model.lm_head(model.ln_f(x)), model.lm_head(x)
+    return model.lm_head(model.ln_f(x)), model.lm_head(x), unchanged
 
 
 def test_logits_are_the_head_of_the_final_norm_of_the_blocks():
@@ -107,11 +116,14 @@ def test_logits_are_the_head_of_the_final_norm_of_the_blocks():
     idx = torch.randint(0, 256, (2, 10))
     with torch.no_grad():
         logits = model(idx)[0]
-        right, without_ln_f = forward_by_hand(model, idx)
+        right, without_ln_f, without_blocks = forward_by_hand(model, idx)
     assert not torch.allclose(logits, without_ln_f, atol=1e-5), (
         "ln_f is skipped: the logits are lm_head(ln_f(x)) after the last block")
+    why = (": the blocks' outputs are thrown away; keep each, x = block(x)"
+           if torch.allclose(logits, without_blocks, atol=1e-5) else "")
     assert torch.allclose(logits, right, atol=1e-5), (
-        "the logits are not lm_head(ln_f(blocks(drop(embed(idx))))), the blocks in order")
+        "the logits are not lm_head(ln_f(blocks(drop(embed(idx))))), the blocks in order; they "
+        f"differ by up to {(logits - right).abs().max().item():.2e}{why}")
 
 
 def loss_seen():
@@ -120,7 +132,15 @@ def loss_seen():
     model = make().eval()
     idx, targets = torch.randint(0, 256, (2, 10)), torch.randint(0, 256, (2, 10))
     with torch.no_grad():
-        logits, loss = model(idx, targets)
+        try:
+            logits, loss = model(idx, targets)
+        except (RuntimeError, ValueError) as err:
+            if "target" not in str(err).lower() or "match idx shape" in str(err):
+                raise
+            raise AssertionError(
+                f"cross_entropy refused the shapes ({err}): it reads dim 1 as the classes, so "
+                "flatten the logits to (B·T, V) and the targets to (B·T,): logits.flatten(0, 1), "
+                "targets.flatten()") from err
     flat = logits.flatten(0, 1)
     wrong = {
         "the targets are shifted again: targets[b, t] already is the token after idx[b, t] "
@@ -158,12 +178,19 @@ def test_parameter_counts_follow_the_formula(name):
     model = GPT(c)
     non_embedding = L * (12 * d * d + 13 * d) + 2 * d
     blocks = sum(p.numel() for p in model.blocks.parameters())
+    counted = (model.num_params(non_embedding=True), model.num_params())
     assert blocks == L * (12 * d * d + 13 * d), (
         f"the blocks hold {blocks:,} parameters, not n_layers · (12·d² + 13·d)"
         + (": the n_layers blocks are one Block repeated; build a new one for each layer"
            if len({id(b) for b in model.blocks}) < L else ""))
-    assert model.num_params(non_embedding=True) == non_embedding
-    assert model.num_params() == non_embedding + V * d + T * d  # the tied matrix counted once
+    assert counted[0] == non_embedding, (
+        f"num_params(non_embedding=True) is {counted[0]:,}, not {non_embedding:,}: leave out "
+        "embed's parameters, both tables")
+    total = non_embedding + V * d + T * d  # the tied matrix counted once
+    assert counted[1] == total, (
+        f"num_params() is {counted[1]:,}, not {total:,}"
+        + (": the tied matrix is counted twice; self.parameters() yields it once"
+           if counted[1] == total + V * d else ""))
 
 
 def test_the_model_is_causal():
@@ -173,8 +200,10 @@ def test_the_model_is_causal():
     changed[0, 8:] = (changed[0, 8:] + 1) % 256
     with torch.no_grad():
         a, b = model(idx)[0], model(changed)[0]
-    assert torch.allclose(a[:, :8], b[:, :8], atol=1e-5)
-    assert not torch.allclose(a[:, 8:], b[:, 8:])
+    assert torch.allclose(a[:, :8], b[:, :8], atol=1e-5), (
+        "changing tokens 8.. changed the logits at positions 0..7 by up to "
+        f"{(a[:, :8] - b[:, :8]).abs().max().item():.2e}: a position sees later ones")
+    assert not torch.allclose(a[:, 8:], b[:, 8:]), "changing tokens 8.. changed no logits there"
 
 
 def test_targets_of_minus_one_are_ignored():
@@ -218,19 +247,27 @@ def test_a_tiny_gpt_memorises_one_batch_in_50_adam_steps():
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    assert losses[0] == pytest.approx(math.log(256), abs=0.1)
-    assert losses[-1] < 0.5  # random targets: only memorising them gets the loss this low
+    assert losses[0] == pytest.approx(math.log(256), abs=0.1), (
+        f"the first loss is {losses[0]:.3f}, not near ln 256 = {math.log(256):.3f}")
+    assert losses[-1] < 0.5, (  # random targets: only memorising them gets the loss this low
+        f"after 50 Adam steps on one batch the loss is {losses[-1]:.3f}, not below 0.5 "
+        f"(every 10th: {[round(v, 2) for v in losses[::10]]}): the gradient does not reach "
+        "every weight, or the loss is not the model's")
 
 
 def test_solutions():
     by_hand, counted = ex08_gpt.exercise_1_count_by_hand()
-    assert by_hand == counted == 1_350_400
+    assert by_hand == counted == 1_350_400, f"exercise 1: {by_hand:,} by hand, {counted:,} " \
+                                            "counted; wanted 1,350,400"
     saved, share = ex08_gpt.exercise_2_tying_saves()
-    assert saved == 4096 * 128 and 0.27 < share < 0.29
+    assert saved == 4096 * 128 and 0.27 < share < 0.29, (
+        f"exercise 2: saves {saved:,} ({share:.1%}); wanted 524,288 (28%)")
     losses = ex08_gpt.exercise_3_initial_loss()
-    assert losses["uniform logits"] == pytest.approx(math.log(4096), abs=1e-4)
-    assert abs(losses["init std 0.02"] - losses["ln V"]) < 0.1
-    assert losses["embeddings std 1"] > 2 * losses["ln V"]
+    assert losses["uniform logits"] == pytest.approx(math.log(4096), abs=1e-4), (
+        f"exercise 3: {losses}")
+    assert abs(losses["init std 0.02"] - losses["ln V"]) < 0.1, f"exercise 3: {losses}"
+    assert losses["embeddings std 1"] > 2 * losses["ln V"], f"exercise 3: {losses}"
     flops, head_share = ex08_gpt.exercise_4_flops_per_token()
-    assert flops["total"] == 6 * (4 * 12 * 128**2 + 4096 * 128) + 12 * 4 * 256 * 128
-    assert 0.3 < head_share < 0.4
+    wanted = 6 * (4 * 12 * 128**2 + 4096 * 128) + 12 * 4 * 256 * 128
+    assert flops["total"] == wanted, f"exercise 4: {flops}; wanted a total of {wanted:,}"
+    assert 0.3 < head_share < 0.4, f"exercise 4: the head's share is {head_share:.1%}, not a third"

@@ -119,6 +119,11 @@ class Mistake(NamedTuple):
 
 MASK_05 = 'scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))  # exp(-inf) = 0'
 NOT_THE_HEADS = ["causal mask is missing", "after the softmax", "merged", "split", "divided"]
+TEMPERATURE_09 = (  # next_token_probs' body
+    "    logits = logits.float() / temperature  # below 1 sharpens the distribution, above 1 "
+    "flattens\n    if top_k is not None:\n        logits = top_k_filter(logits, top_k)\n"
+    "    if top_p is not None:\n        logits = top_p_filter(logits, top_p)\n"
+    "    return F.softmax(logits, dim=-1)\n")
 LOSS_08 = "loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)"
 
 SOFTMAX_SUM_01 = "return e / e.sum(dim=-1, keepdim=True)"
@@ -377,6 +382,17 @@ MISTAKES = {
         ("post-norm",),
         never=("dropped", "skipped", "std"),
     ),
+    # It was reported as `assert False ... all(<generator>)`.
+    "block_residual_added_to_the_normalised_x": Mistake(
+        "block",
+        "x = x + self.attn(self.ln_1(x), cache, layer)\n        x = x + self.mlp(self.ln_2(x))",
+        "h = self.ln_1(x)\n        x = h + self.attn(h, cache, layer)\n"
+        "        h = self.ln_2(x)\n        x = h + self.mlp(h)",
+        "test_block.py",
+        "not solutions and not residual_stream",
+        ("the residual is added to the normalised x",),
+        never=("post-norm", "dropped", "skipped"),
+    ),
     "layernorm_over_the_wrong_axis": Mistake(
         "block",
         "return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)",
@@ -463,11 +479,29 @@ MISTAKES = {
     "gpt_check_targets_forgotten": Mistake(
         "gpt",
         "        check_targets(idx, targets, self.config.vocab_size, "
-        'values=targets.device.type == "cpu")\n',
+        'values=idx.device.type == "cpu")\n',
         "",
         "test_gpt.py",
         "checks_its_targets",
         ("targets shape",),
+    ),
+    "gpt_loss_over_the_wrong_dim": Mistake(
+        "gpt",
+        LOSS_08,
+        "loss = F.cross_entropy(logits, targets, ignore_index=-1)",
+        "test_gpt.py",
+        "loss_is_the_mean",
+        ("flatten the logits to (B·T, V)",),
+        never=("shifted", "summed"),
+    ),
+    "gpt_blocks_outputs_thrown_away": Mistake(
+        "gpt",
+        "x = block(x, cache, layer)",
+        "block(x, cache, layer)",
+        "test_gpt.py",
+        "logits_are_the_head",
+        ("thrown away",),
+        never=("ln_f is skipped",),
     ),
     "top_k_by_comparison_keeps_ties": Mistake(
         "generate",
@@ -529,6 +563,40 @@ MISTAKES = {
         "cropped",
         ("idx[:, -max_seq_len:]",),
     ),
+    "top_k_keeps_k_plus_one": Mistake(
+        "generate",
+        "values, indices = torch.topk(logits, top_k, dim=-1)",
+        "values, indices = torch.topk(logits, min(top_k + 1, logits.shape[-1]), dim=-1)",
+        "test_generate.py",
+        "top_k_keeps",
+        ("one token too many",),
+        never=("keeps every tie",),
+    ),
+    "top_k_keeps_the_smallest": Mistake(
+        "generate",
+        "values, indices = torch.topk(logits, top_k, dim=-1)",
+        "values, indices = torch.topk(logits, top_k, dim=-1, largest=False)",
+        "test_generate.py",
+        "never_samples",
+        ("keeps the 5 smallest",),
+    ),
+    "temperature_after_the_softmax": Mistake(
+        "generate",
+        TEMPERATURE_09,
+        TEMPERATURE_09.replace(" / temperature  #", "  #").replace(
+            "return F.softmax(logits, dim=-1)", "return F.softmax(logits, dim=-1) / temperature"),
+        "test_generate.py",
+        "sharpens",
+        ("not the probabilities after",),
+    ),
+    "next_token_from_the_first_position": Mistake(
+        "generate",
+        "logits = logits[:, -1, :]  # (B, V)",
+        "logits = logits[:, 0, :]  # (B, V)",
+        "test_generate.py",
+        "last_position",
+        ("logits[:, -1, :]",),
+    ),
     "accumulation_without_the_division": Mistake(
         "train",
         "scaler.scale(loss / cfg.grad_accum).backward()",
@@ -561,6 +629,24 @@ MISTAKES = {
         "test_train.py",
         "weight_decay",
         ("decay only the matrices",),
+    ),
+    "gradients_zeroed_inside_the_accumulation_loop": Mistake(
+        "train",
+        "            scaler.scale(loss / cfg.grad_accum).backward()",
+        "            model.zero_grad()\n            scaler.scale(loss / cfg.grad_accum).backward()",
+        "test_train.py",
+        "accumulation",
+        ("zeroed inside the loop",),
+        never=("divide each micro-batch's loss",),
+    ),
+    "warmup_reaches_the_peak_a_step_late": Mistake(
+        "train",
+        "return max_lr * (step + 1) / warmup_steps",
+        "return max_lr * (step + 1) / (warmup_steps + 1)",
+        "test_train.py",
+        "lr_",
+        ("(step + 1) / warmup_steps",),
+        never=("lr_at(0) is 0",),
     ),
 }
 

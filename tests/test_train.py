@@ -15,7 +15,7 @@ import tiny_llm.train as train_module
 from solutions import ex10_train
 from tiny_llm.budget import budget_steps, pace_steps, parse_duration
 from tiny_llm.checkpoint import load_checkpoint, save_checkpoint
-from tiny_llm.data import load_token_array
+from tiny_llm.data import get_batch, load_token_array
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.muon import muon_momentum
 from tiny_llm.train import TrainConfig, accumulate_gradients, lr_at, param_groups, train
@@ -62,7 +62,8 @@ def test_lr_warms_up_linearly_then_decays_on_a_cosine_to_the_floor():
            "cos(pi · progress)) · (max_lr - min_lr)" if lr[550] == pytest.approx(5e-4) else ""))
     assert lr[1000] == lr[1199] == pytest.approx(1e-4), (
         f"after decay_steps the lr is {lr[1000]:.3g}, {lr[1199]:.3g}, not min_lr = 1e-4")
-    assert all(a >= b for a, b in zip(lr[99:], lr[100:], strict=False))
+    rises = [s for s in range(99, 1199) if lr[s + 1] > lr[s]]
+    assert not rises, f"after warmup the lr rises at step(s) {rises[:5]}: it only comes down"
 
 
 def test_lr_holds_the_peak_then_falls_in_a_line_to_the_floor():
@@ -71,9 +72,13 @@ def test_lr_holds_the_peak_then_falls_in_a_line_to_the_floor():
     lr = [lr_at(s, 1e-3, 1e-4, 100, 1000, cooldown=0.4) for s in range(1000)]
     assert lr[0] == pytest.approx(1e-5) and lr[99] == lr[599] == pytest.approx(1e-3), (
         warmup_seen(lr))
-    assert lr[799] == pytest.approx(5.5e-4) and lr[999] == pytest.approx(1e-4)
-    assert [muon_momentum(s, 200) for s in (0, 100, 200, 900)] == pytest.approx(
-        [0.85, 0.90, 0.95, 0.95])
+    assert lr[799] == pytest.approx(5.5e-4) and lr[999] == pytest.approx(1e-4), (
+        f"the cooldown gives {lr[799]:.3g} at step 799 and {lr[999]:.3g} at 999, not 5.5e-4 and "
+        "1e-4: a line from max_lr at step 599 to min_lr at decay_steps - 1"
+        + (": it runs down to 0, not to min_lr" if lr[999] == pytest.approx(0, abs=1e-9) else ""))
+    momenta = [muon_momentum(s, 200) for s in (0, 100, 200, 900)]
+    assert momenta == pytest.approx([0.85, 0.90, 0.95, 0.95]), (
+        f"Muon's momentum at steps 0, 100, 200, 900 is {momenta}, not 0.85, 0.90, 0.95, 0.95")
     with pytest.raises(ValueError, match="cooldown is the fraction of the run spent decaying"):
         TrainConfig(cooldown=1.5)
 
@@ -81,15 +86,34 @@ def test_lr_holds_the_peak_then_falls_in_a_line_to_the_floor():
 def test_weight_decay_goes_to_matrices_only_and_the_tied_matrix_once():
     model = GPT(PRESETS["tiny"])
     decay, no_decay = param_groups(model, 0.1)
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() == 2 for p in decay["params"]), (
-        "biases or LayerNorm gains (1-D) are in the decayed group: decay only the matrices, "
-        "p.dim() >= 2")
-    assert all(p.dim() == 1 for p in no_decay["params"]), "a matrix is left out of weight decay"
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0, (
+        f"the groups' weight_decay are {decay['weight_decay']} and {no_decay['weight_decay']}, "
+        "not 0.1 (the matrices) and 0.0 (the rest), in that order")
+    ranks = [sorted({p.dim() for p in group["params"]}) for group in (decay, no_decay)]
+    assert ranks[0] == [2], (
+        f"the decayed group holds tensors of {ranks[0]} dimensions: biases or LayerNorm gains "
+        "(1-D) are in the decayed group: decay only the matrices, p.dim() >= 2")
+    assert ranks[1] == [1], f"the group without decay holds tensors of {ranks[1]} dimensions: " \
+                            "a matrix is left out of weight decay"
     tied = sum(p is model.embed.tok_emb.weight for p in decay["params"])
     assert tied == 1, f"the tied tok_emb/lm_head matrix is in the decayed group {tied} times: " \
                       "take model.parameters(), which gives a shared tensor once"
-    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_params()
+    grouped = sum(p.numel() for g in (decay, no_decay) for p in g["params"])
+    assert grouped == model.num_params(), (
+        f"the groups hold {grouped:,} parameters, the model {model.num_params():,}: every "
+        "trainable parameter goes in exactly one group")
+
+
+def last_micro_batch_gradient(data, batch_size=2, grad_accum=2):
+    """tok_emb's gradient of the last micro-batch's loss / grad_accum alone: what is left when
+    the gradients are zeroed inside the loop."""
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(grad_accum):
+        x, y = get_batch(data, batch_size, PRESETS["tiny"].max_seq_len, "cpu", generator)
+    torch.manual_seed(0)
+    model = GPT(PRESETS["tiny"])
+    (model(x, y)[1] / grad_accum).backward()
+    return model.embed.tok_emb.weight.grad
 
 
 def test_gradient_accumulation_matches_one_big_batch(sample_data_dir):
@@ -106,10 +130,14 @@ def test_gradient_accumulation_matches_one_big_batch(sample_data_dir):
         f"the mean loss of 2 micro-batches is {grads[1][0]:.4f}, of one batch {grads[0][0]:.4f}: "
         "return the mean of the micro-batches' losses")
     ratio = (grads[1][1].norm() / grads[0][1].norm()).item()
+    zeroed = torch.allclose(grads[1][1], last_micro_batch_gradient(data), atol=1e-7)
     assert torch.allclose(grads[0][1], grads[1][1], atol=1e-7), (
         f"with grad_accum=2 the gradients are {ratio:.2f} times one big batch's"
         + (": divide each micro-batch's loss by grad_accum before backward(), so the gradients "
-           "add up to the mean" if abs(ratio - 2) < 0.01 else ""))
+           "add up to the mean" if abs(ratio - 2) < 0.01 else "")
+        + (": only the last micro-batch's gradient is left, so the gradients were zeroed inside "
+           "the loop; backward() adds into .grad, and the update zeroes them after its step"
+           if zeroed else ""))
 
 
 def test_run_writes_log_and_a_complete_checkpoint(reference):

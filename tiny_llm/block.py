@@ -11,7 +11,8 @@ LayerNorm keeps what each sublayer reads at a steady scale; the additions keep a
 from the input to the output for the gradient. `init_weights` starts the weights small and the
 residual output projections smaller still, so the stream does not grow with depth.
 
-Run the check:  uv run python -m tiny_llm.block   (--plot FILE.png also draws the std curves)
+Run the check:  uv run python -m tiny_llm.block   (--plot FILE.png also draws the std curves;
+--scales shows what LayerNorm is for)
 """
 
 import argparse
@@ -21,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tiny_llm.checks import check_n_layers
 from tiny_llm.device import seed_everything
 from tiny_llm.files import save_figure
 from tiny_llm.multihead import MultiHeadAttention
@@ -100,8 +102,7 @@ def init_weights(module, n_layers):
     the same whatever the depth. The first loop gives every Linear the plain std; the second
     redraws the marked ones with the smaller std.
     """
-    if not isinstance(n_layers, int) or n_layers < 1:
-        raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
+    check_n_layers(n_layers)
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
@@ -133,6 +134,31 @@ def residual_stds(n_layers=12, scaled=True, d_model=128, n_heads=4, seq_len=64, 
             x = block(x)
             stds.append(x.std().item())
     return stds
+
+
+def read_at_scales(scales=(0.03, 1.0, 30.0), d_model=128, n_heads=4, seq_len=64, seed=1337):
+    """What a fresh block's sublayers make of a stream of each std in `scales`, read through
+    their LayerNorm (as the block does) and raw (no LayerNorm): {scale: {"LayerNorm": (top
+    weight, mlp std), "raw": (...)}}. The top weight is attention's largest weight in the last
+    row, averaged over the batch and heads (1/seq_len: an even average; 1: one position only);
+    mlp std is the std of what the MLP would add to the stream."""
+    seed_everything(seed)
+    block = init_weights(Block(d_model, n_heads, seq_len), n_layers=12)
+    attn, H = block.attn, n_heads
+    stream = torch.randn(16, seq_len, d_model)  # (B, T, C), std 1: scaled below
+    out = {}
+    with torch.no_grad():
+        for scale in scales:
+            x = stream * scale
+            out[scale] = {}
+            reads = {"LayerNorm": (block.ln_1(x), block.ln_2(x)), "raw": (x, x)}
+            for name, (a, m) in reads.items():
+                q, k, _ = attn.qkv(a).split(d_model, dim=2)
+                q = q.view(16, seq_len, H, -1).transpose(1, 2)[:, :, -1:]  # the last query
+                k = k.view(16, seq_len, H, -1).transpose(1, 2)
+                weights = F.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_model // H), dim=-1)
+                out[scale][name] = (weights.amax(-1).mean().item(), block.mlp(m).std().item())
+    return out
 
 
 def plot_stds(plain, scaled, path):
@@ -167,9 +193,19 @@ def main():
     parser = argparse.ArgumentParser(description="Step 07: LayerNorm, MLP, Block, init.")
     parser.add_argument("--plot", default=None, help="also save the std curves to this PNG")
     parser.add_argument("--diagram", metavar="PNG", help="draw the block's diagram there and stop")
+    parser.add_argument("--scales", action="store_true",
+                        help="what the sublayers read at three stream scales, with and without "
+                             "LayerNorm, and stop")
     args = parser.parse_args()
     if args.diagram:
         print(f"{'diagram':<28} {draw_block(args.diagram)}")
+        return
+    if args.scales:
+        print(f"{'stream std':<12} {'top attention weight':>22} {'MLP output std':>24}")
+        print(f"{'':<12} {'LayerNorm':>11} {'raw':>10} {'LayerNorm':>13} {'raw':>10}")
+        for scale, seen in read_at_scales().items():
+            (w_ln, m_ln), (w_raw, m_raw) = seen["LayerNorm"], seen["raw"]
+            print(f"{scale:<12g} {w_ln:>11.3f} {w_raw:>10.3f} {m_ln:>13.4f} {m_raw:>10.4f}")
         return
 
     seed_everything(1337)

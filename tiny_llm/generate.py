@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from tiny_llm.checkpoint import model_from_checkpoint
+from tiny_llm.checks import check_prompt
 from tiny_llm.device import pick_device
-from tiny_llm.embed import check_ids
 from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.paths import DATA_DIR
@@ -114,13 +114,7 @@ def sample_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p
     (B, V) logits they were drawn from). A caller can show a token at once, or stop by stopping
     to ask. It leaves the model in eval mode."""
     check_sampling(temperature, top_k, top_p)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or 0 in idx.shape:
-        shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
-        raise ValueError(f"idx must be a (B, T) tensor of token ids with B, T >= 1, got "
-                         f"{shape}: for an empty prompt start from [[eot_id]]")
-    check_ids(idx, model.config.vocab_size, math.inf)  # the prompt is cropped below, not refused
+    check_prompt(idx, max_new_tokens, model.config.vocab_size, rows=None)  # B rows: step 18
     model.eval()  # no dropout while writing
     M = model.config.max_seq_len  # the model has no positions beyond this
     unread = idx[:, -M:]  # what a cache has not seen yet: the prompt, then one token a step

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tiny_llm.block import Block, LayerNorm, init_weights
+from tiny_llm.checks import check_config_type
 from tiny_llm.device import seed_everything
 from tiny_llm.embed import Embed
 
@@ -71,11 +72,8 @@ class GPT(nn.Module):
     presets = PRESETS
 
     def __init__(self, config):
+        check_config_type(self, config)  # a GPTConfig, not a dict of one
         super().__init__()
-        if not isinstance(config, self.config_class):
-            raise TypeError(f"{type(self).__name__} expects a {self.config_class.__name__}, got "
-                            f"{type(config).__name__}: use {type(self).__name__}("
-                            f"{self.config_class.__name__}(...)) or one of its presets")
         self.config = c = config
         self.embed = self.make_embed(c)
         self.drop = nn.Dropout(c.dropout)
@@ -105,6 +103,7 @@ class GPT(nn.Module):
         With a `cache` (step 12's KVCache; eval mode only), idx holds only the tokens that
         follow the cache.length positions it already holds.
         """
+        check_targets(idx, targets, self.config.vocab_size, values=idx.device.type == "cpu")
         start = 0 if cache is None else self._check_cache(cache, idx)
         x = self.drop(self.embed(idx, start))  # (B, T, C); Embed checks dtype, rank, length
         logits = self.transform(x, idx, cache)  # (B, T, V)
@@ -112,7 +111,6 @@ class GPT(nn.Module):
             cache.length += idx.shape[1]  # every layer has stored the new keys and values
         if targets is None:
             return logits, None
-        check_targets(idx, targets, self.config.vocab_size, values=targets.device.type == "cpu")
         # cross_entropy wants (N, V) scores and (N,) targets: flatten batch and time together
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
@@ -155,9 +153,11 @@ class GPT(nn.Module):
 
 def check_targets(idx, targets, vocab_size, values=True):
     """Raise a clear error unless `targets` are next-token ids for `idx`: int64, same shape, at
-    least one of them, each in [0, vocab_size) or -1 (left out of the loss), not all -1.
-    values=False skips the checks that read the ids (min, max), which make a GPU stop and wait
-    (and break a compiled graph, step 13: they are skipped there too)."""
+    least one of them, each in [0, vocab_size) or -1 (left out of the loss), not all -1; None
+    (no loss wanted) passes. values=False skips the checks that read the ids (min, max), which
+    make a GPU stop and wait (and break a compiled graph, step 13: they are skipped there too)."""
+    if targets is None:
+        return
     if not torch.is_tensor(targets) or targets.dtype != torch.long:
         kind = targets.dtype if torch.is_tensor(targets) else type(targets).__name__
         raise TypeError(f"targets must be integer token ids, got {kind}: cross_entropy takes "

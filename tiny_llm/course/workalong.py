@@ -252,12 +252,26 @@ def skeleton(module, everything=False):
     return "\n".join(header + lines) + "\n", {n: shown.get(n, (chapter, ""))[0] for n, *_ in todo}
 
 
+def given_check(statement):
+    """Whether `statement` calls a given input check, `check_...(...)` or `self._check_...(...)`
+    (`T = check_batch(idx)` too): the armour, written in tiny_llm/checks.py, not by the learner.
+    """
+    call = getattr(statement, "value", None) if isinstance(statement, (ast.Expr, ast.Assign)) \
+        else None
+    name = ast.unparse(call.func).rpartition(".")[2] if isinstance(call, ast.Call) else ""
+    return name.startswith(("check_", "_check_"))
+
+
 def body_start(lines, node):
     """The first line (1-based) of what the learner writes for `node`: its first statement after
-    the docstring, with the comments just above it (they explain it); None for a def with
+    the docstring and after the given checks it starts with (given_check: they stay in the
+    skeleton, written), with the comments just above it (they explain it); None for a def with
     nothing to write or a one-line def. The body runs from there to node.end_lineno."""
     body = node.body[1:] if ast.get_docstring(node) is not None else node.body
     if not body or body[0].lineno == node.lineno:
+        return None
+    body = list(itertools.dropwhile(given_check, body))
+    if not body:
         return None
     start = body[0].lineno
     while lines[start - 2].strip().startswith("#") or not lines[start - 2].strip():
