@@ -15,28 +15,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tiny_llm.checks import check_activations, check_sizes
 from tiny_llm.device import seed_everything
 from tiny_llm.files import save_figure
 from tiny_llm.paths import RUNS_DIR
-
-
-def check_activations(x, d_model, max_seq_len):
-    """Raise a clear error unless `x` is a (B, T, d_model) float tensor with T <= max_seq_len."""
-    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-        seen = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise TypeError(f"attention takes float vectors, got {seen}: "
-                        "embed the token ids first (Embed in step 04)")
-    if x.dim() != 3:
-        raise ValueError(f"expected a (B, T, C) batch of vectors, got shape {tuple(x.shape)}: "
-                         "for one sequence use x.unsqueeze(0)")
-    B, T, C = x.shape
-    if C != d_model:
-        raise ValueError(f"expected C = d_model = {d_model} features per position, got C={C}: "
-                         "build the attention with the same d_model as the embedding")
-    if T > max_seq_len:
-        raise ValueError(f"sequence length T={T} exceeds max_seq_len={max_seq_len}: the causal "
-                         f"mask stops there; keep the last {max_seq_len} positions "
-                         "or build with a larger max_seq_len")
 
 
 class CausalSelfAttention(nn.Module):
@@ -47,6 +29,7 @@ class CausalSelfAttention(nn.Module):
     """
 
     def __init__(self, d_model, max_seq_len):
+        check_sizes(d_model=d_model, max_seq_len=max_seq_len)  # given, in tiny_llm/checks.py
         super().__init__()
         self.d_model, self.max_seq_len = d_model, max_seq_len
         self.query = nn.Linear(d_model, d_model)  # what position t is looking for
@@ -60,8 +43,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, return_weights=False, causal=True):
         """causal=False lets every position see every other one (GPT never does; the check does)."""
-        check_activations(x, self.d_model, self.max_seq_len)
-        T, C = x.shape[1], x.shape[2]
+        B, T, C = check_activations(x, self.d_model, self.max_seq_len)  # given: rank, C, T
         q, k, v = self.query(x), self.key(x), self.value(x)  # each (B, T, C)
         # scores[b, t, s] = q_t · k_s / sqrt(C): dividing keeps their spread near 1 whatever C
         # is, so the softmax below starts soft instead of picking one position

@@ -2,7 +2,7 @@
 
 A token id is only a name: 17 is not "more" than 16. The model needs a vector per token that it
 can learn, and a vector per position, because attention (step 05) cannot tell order on its own.
-`Embed` looks both up and adds them; the input checks it calls live in `tiny_llm.checks`.
+`Embed` looks both up and adds them; the input checks it calls are given, in `tiny_llm.checks`.
 Step 14 compares learned positions with the fixed sinusoidal table, RoPE and ALiBi.
 
 Run the check:  uv run python -m tiny_llm.embed
@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn as nn
 
-from tiny_llm.checks import check_batch, check_ids, check_length
+from tiny_llm.checks import check_batch, check_length, check_sizes, check_vocab
 from tiny_llm.device import seed_everything
 
 
@@ -26,11 +26,8 @@ class Embed(nn.Module):
     """
 
     def __init__(self, vocab_size, d_model, max_seq_len, learned_positions=True):
+        check_sizes(vocab_size=vocab_size, d_model=d_model, max_seq_len=max_seq_len)  # given
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
-                            ("max_seq_len", max_seq_len)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.vocab_size, self.d_model, self.max_seq_len = vocab_size, d_model, max_seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)  # row i: the vector of token i
         self.pos_emb = nn.Embedding(max_seq_len, d_model) if learned_positions else None
@@ -45,11 +42,8 @@ class Embed(nn.Module):
         when a KV cache (step 12) already holds the positions before it."""
         T = check_batch(idx)  # dtype and rank: read off the tensor, no wait for the device
         check_length(start + T, self.max_seq_len)
-        try:
-            x = self.tok_emb(idx)  # (B, T, C): row idx[b, t] of the table
-        except IndexError:  # an id outside the table: only now look for it, to name it
-            check_ids(idx, self.vocab_size, self.max_seq_len)
-            raise
+        check_vocab(idx, self.vocab_size)  # every id in the table: read on a CPU only
+        x = self.tok_emb(idx)  # (B, T, C): row idx[b, t] of the table
         if self.pos_emb is None:
             return x
         pos = torch.arange(start, start + T, device=idx.device)  # (T,) = start, ..., start + T - 1

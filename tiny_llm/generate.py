@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from tiny_llm.checkpoint import model_from_checkpoint
+from tiny_llm.checks import check_ids
 from tiny_llm.device import pick_device
-from tiny_llm.embed import check_ids
 from tiny_llm.files import save_figure
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.paths import DATA_DIR

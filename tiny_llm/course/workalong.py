@@ -246,15 +246,26 @@ def skeleton(module, everything=False):
 
 def body_start(lines, node):
     """The first line (1-based) of what the learner writes for `node`: its first statement after
-    the docstring, with the comments just above it (they explain it); None for a def with
-    nothing to write or a one-line def. The body runs from there to node.end_lineno."""
+    the docstring and the given checks (leading calls of a `check_*` function, which stay
+    written), with the comments just above it (they explain it); None for a def with nothing
+    to write or a one-line def. The body runs from there to node.end_lineno."""
     body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    while body and given_check(body[0]):
+        body = body[1:]
     if not body or body[0].lineno == node.lineno:
         return None
     start = body[0].lineno
     while lines[start - 2].strip().startswith("#") or not lines[start - 2].strip():
         start -= 1
     return start
+
+
+def given_check(statement):
+    """Whether `statement` calls a given input check: `check_sizes(...)`, `T = check_batch(idx)`
+    (tiny_llm/checks.py): armour the skeleton keeps, not model code for the learner to type."""
+    call = statement.value if isinstance(statement, (ast.Expr, ast.Assign)) else None
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+            and call.func.id.startswith("check_"))
 
 
 def shown_whole(source, node, chapter_text):
