@@ -50,18 +50,34 @@ class Embed(nn.Module):
         return x + self.pos_emb(pos)  # (B, T, C) + (T, C) broadcasts over B
 
 
-def worked_example():
-    """The chapter's hand-sized example: vocab 10, context 5, 3 dims, weights set by hand."""
+def hand_sized():
+    """(Embed, idx) of the chapter's example: vocab 10, context 5, 3 dims, weights set by hand."""
     emb = Embed(vocab_size=10, d_model=3, max_seq_len=5)
     with torch.no_grad():
         emb.tok_emb.weight.copy_(torch.arange(30.0).view(10, 3) / 10)  # [3v, 3v+1, 3v+2] / 10
         emb.pos_emb.weight.copy_(torch.arange(15.0).view(5, 3) / 100)  # [3t, 3t+1, 3t+2] / 100
-        idx = torch.tensor([[3, 1, 4, 1, 5]])
+    return emb, torch.tensor([[3, 1, 4, 1, 5]])
+
+
+def worked_example():
+    """Print the hand-sized example, row by row: tok + pos = out."""
+    emb, idx = hand_sized()
+    with torch.no_grad():
         out = emb(idx)
     for t, v in enumerate(idx[0].tolist()):
         row = [emb.tok_emb.weight[v], emb.pos_emb.weight[t], out[0, t]]
         tok, pos, total = ("[" + ", ".join(f"{x:.2f}" for x in r) + "]" for r in row)
         print(f"t={t}  id={v}   tok {tok} + pos {pos} = {total}")
+
+
+def draw_tables(path):
+    """Draw the hand-sized example's two lookups and their sum; save a PNG."""
+    from tiny_llm.course.diagrams import embed_diagram
+    from tiny_llm.files import save_figure
+
+    emb, idx = hand_sized()
+    tok, pos = emb.tok_emb.weight.detach().numpy(), emb.pos_emb.weight.detach().numpy()
+    return save_figure(embed_diagram(tok, pos, idx[0].numpy()), path, dpi=90)
 
 
 def show_dependence(emb):
@@ -81,9 +97,13 @@ def main():
     parser = argparse.ArgumentParser(description="Step 04: token and position embeddings.")
     parser.add_argument("--worked-example", action="store_true",
                         help="print only the chapter's hand-sized example")
+    parser.add_argument("--diagram", metavar="PNG", help="draw the two lookups there and stop")
     args = parser.parse_args()
     if args.worked_example:
         return worked_example()
+    if args.diagram:
+        print(f"{'diagram':<16} {draw_tables(args.diagram)}")
+        return
 
     seed_everything(1337)
     emb = Embed(vocab_size=4096, d_model=128, max_seq_len=64)

@@ -129,13 +129,37 @@ def draw_heads(path, batch_size=2, seq_len=16, d_model=64, n_heads=4):
     return save_figure(heads_diagram(sizes), path, dpi=90)
 
 
+def why_heads(steps=200):
+    """Learn to name two tokens at every position, the first one and the previous one, with 1, 2
+    and 4 heads of the same 32 dimensions: the same parameters, the same steps."""
+    from tiny_llm.attention import learn_pattern  # step 05's short fit
+
+    def first_and_previous(idx):
+        return [idx[:, :1].expand_as(idx), idx.roll(1, dims=1)]
+
+    print(f"{'task':<8} name the first token and the one before each position: 16 random "
+          f"tokens, 8 positions, {steps} Adam steps")
+    print(f"{'heads':<8} {'params':<8} {'loss':<6} {'first named right':<19} previous named right")
+    for n_heads in (1, 2, 4):
+        seed_everything(0)
+        attn = MultiHeadAttention(d_model=32, n_heads=n_heads, max_seq_len=8)
+        params = sum(p.numel() for p in attn.parameters())
+        loss, (first, previous) = learn_pattern(attn, first_and_previous, steps)
+        print(f"{n_heads:<8} {params:<8,} {loss:<6.2f} {first:<19.2f} {previous:.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description="Step 06: multi-head attention.")
     parser.add_argument("--diagram", metavar="PNG", help="draw the heads' reshape there and stop")
+    parser.add_argument("--why", choices=("heads",), help="one head against several on a task "
+                        "that needs two patterns at once, the same parameters and steps")
     args = parser.parse_args()
     if args.diagram:
         print(f"{'diagram':<28} {draw_heads(args.diagram)}")
         return
+    if args.why:
+        torch.set_num_threads(1)  # matrices this small: one thread is fastest
+        return why_heads()
     seed_everything(1337)
     d_model, n_heads, max_seq_len = 64, 4, 32
     attn = MultiHeadAttention(d_model, n_heads, max_seq_len).eval()
