@@ -102,7 +102,7 @@ def why_scale(C=64, T=8, rows=2000):
     notes = {1: "÷ √C, as we do", 8: "no ÷ √C, C = 64", 16: "no ÷ √C, C = 256"}
     for spread in (1, 2, 4, 8, 16):
         scores = (q @ k.transpose(-2, -1) * spread / math.sqrt(C)).requires_grad_()
-        weights = F.softmax(scores, dim=-1)  # (rows, T, T)
+        weights = scores.softmax(dim=-1)  # (rows, T, T)
         (weights * upstream).sum().backward()  # autograd: d(loss)/d(scores) in scores.grad
         largest = weights.detach().amax(dim=-1)  # (rows, T): 1/T is even, 1 is one-hot
         label = f"{spread:<3}{notes.get(spread, '')}"
