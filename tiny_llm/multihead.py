@@ -84,7 +84,7 @@ class MultiHeadAttention(nn.Module):
         With a `cache` (step 12), x holds only the new positions; their keys and values are
         stored as layer `layer`'s, and the queries attend over every position kept so far.
         """
-        B, T, C = check_activations(x, self.d_model, self.max_seq_len)  # given: rank, C, T
+        B, T, C = check_activations(x, self.d_model, self.max_seq_len)
         q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
         # (B, T, C) -> (B, T, n_heads, head_size) -> (B, n_heads, T, head_size):
         # the head becomes a batch dimension, so every head attends independently.
