@@ -18,8 +18,11 @@ def seen(attn, x, weights=None, out=None):
     with torch.no_grad():
         q, k, v = attn.query(x), attn.key(x), attn.value(x)
         raw, T = q @ k.transpose(-2, -1), x.shape[1]
-        future = ~attn.mask[:T, :T]
+        future = ~torch.tril(torch.ones(T, T, dtype=torch.bool))  # s > t: the true future
         C = x.shape[-1]
+        if not torch.equal(attn.mask[:T, :T], ~future):
+            return (": mask is not the lower triangle: mask[t, s] must be True where s <= t, "
+                    "torch.tril(torch.ones(max_seq_len, max_seq_len, dtype=torch.bool))")
 
         def masked(scores):
             return scores.masked_fill(future, float("-inf"))
@@ -31,6 +34,9 @@ def seen(attn, x, weights=None, out=None):
             (torch.softmax(raw / math.sqrt(C), dim=-1).masked_fill(future, 0.0),
              "the mask is applied after the softmax, so rows no longer sum to 1: set the scores "
              "to -inf before it"),
+            (torch.softmax((raw / math.sqrt(C)).masked_fill(future, 0.0), dim=-1),
+             "the future scores are set to 0, not -inf: exp(0) = 1 still gives the future "
+             "weight; masked_fill(..., float(\"-inf\"))"),
             (torch.softmax(masked(raw), dim=-1), "the scores are not divided by sqrt(C)"),
             (torch.softmax(masked(raw * math.sqrt(C)), dim=-1),
              "the scores are multiplied by sqrt(C): divide them by it"),
@@ -55,9 +61,14 @@ def seen(attn, x, weights=None, out=None):
 def test_shapes_and_parameters(attn):
     x = torch.randn(3, 5, 16)
     out, weights = attn(x, return_weights=True)
-    assert out.shape == (3, 5, 16) and weights.shape == (3, 5, 5)
-    assert torch.equal(attn(x), out)
-    assert sum(p.numel() for p in attn.parameters()) == 4 * (16 * 16 + 16)
+    assert out.shape == (3, 5, 16) and weights.shape == (3, 5, 5), (
+        f"(3, 5, 16) in gave out {tuple(out.shape)} and weights {tuple(weights.shape)}, not "
+        "(3, 5, 16) and (3, 5, 5)")
+    assert torch.equal(attn(x), out), "attn(x) is not the out of attn(x, return_weights=True)"
+    counted = sum(p.numel() for p in attn.parameters())
+    assert counted == 4 * (16 * 16 + 16), (
+        f"{counted:,} parameters, not 4 x (16 x 16 + 16) = 1,088: four nn.Linear(16, 16) with "
+        f"biases; yours: { {n: tuple(p.shape) for n, p in attn.named_parameters()} }")
 
 
 def test_rows_sum_to_one_and_the_future_gets_nothing(attn):
@@ -78,7 +89,8 @@ def test_changing_a_later_position_leaves_earlier_outputs_alone(attn):
     before, after = attn(x), attn(changed)
     assert torch.equal(before[:, :5], after[:, :5]), (
         f"changing position 5 changed the outputs at 0..4{seen(attn, x, out=before)}")
-    assert (before[:, 5:] - after[:, 5:]).abs().max() > 1e-3
+    moved = (before[:, 5:] - after[:, 5:]).abs().max()
+    assert moved > 1e-3, f"changing position 5 moved the outputs at 5..7 by {moved:.1e} only"
 
 
 def test_without_the_mask_shuffling_the_input_shuffles_the_output(attn):
@@ -119,9 +131,15 @@ def test_the_output_is_the_projection_of_the_weighted_values(attn):
 
 
 def test_mask_is_a_buffer_that_is_not_learned(attn):
-    assert "mask" in dict(attn.named_buffers())
-    assert all(name != "mask" for name, _ in attn.named_parameters())
-    assert attn.mask.shape == (8, 8) and attn.mask.dtype == torch.bool
+    buffers, params = dict(attn.named_buffers()), dict(attn.named_parameters())
+    assert "mask" in buffers and "mask" not in params, (
+        f"buffers {sorted(buffers)}, parameters {sorted(params)}: register the mask with "
+        "self.register_buffer(\"mask\", mask, persistent=False)")
+    assert attn.mask.shape == (8, 8) and attn.mask.dtype == torch.bool, (
+        f"mask is {tuple(attn.mask.shape)} {attn.mask.dtype}, not (8, 8) torch.bool")
+    assert torch.equal(attn.mask, torch.tril(torch.ones(8, 8, dtype=torch.bool))), (
+        "mask is not the lower triangle: mask[t, s] must be True where s <= t (torch.tril)")
+    assert "mask" not in attn.state_dict(), "mask is saved with the weights: persistent=False"
 
 
 @pytest.mark.parametrize(
@@ -142,21 +160,30 @@ def test_bad_input_is_refused_with_the_fix(attn, x, error, match):
 def test_attention_map_is_written(tmp_path):
     weights = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5).unsqueeze(1)
     path = plot_weights(weights, tmp_path / "map.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["map.png"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    written = [p.name for p in tmp_path.iterdir()]
+    assert written == ["map.png"], f"the folder holds {written}, not just map.png"
 
 
 def test_solutions():
     torch.manual_seed(0)
     head, x = CausalSelfAttention(16, 8), torch.randn(1, 8, 16)
     why = seen(head, x, out=head(x))  # your head's mistake, if it makes one
-    assert ex05_attention.exercise_1_shapes_and_parameters() == (16_640, (2, 12, 12),
-                                                                 1_048_576), why
+    got = ex05_attention.exercise_1_shapes_and_parameters()
+    assert got == (16_640, (2, 12, 12), 1_048_576), (
+        f"exercise 1: got {got}, not (16,640, (2, 12, 12), 1,048,576){why}")
     without, with_positions = ex05_attention.exercise_2_order_blindness()
-    assert without < 1e-6 and with_positions > 0.01, f"exercise 2{why}"
-    assert "T=65 exceeds max_seq_len=64" in ex05_attention.exercise_3_too_long(64)
+    assert without < 1e-6 and with_positions > 0.01, (
+        f"exercise 2: the last output moves by {without:.1e} without positions (want < 1e-6) "
+        f"and {with_positions:.1e} with them (want > 0.01){why}")
+    message = ex05_attention.exercise_3_too_long(64)
+    assert "T=65 exceeds max_seq_len=64" in message, f"exercise 3: got {message!r}{why}"
     stds = ex05_attention.exercise_4_why_scale_by_sqrt_c()
     for C, (raw, scaled) in stds.items():
-        assert raw == pytest.approx(math.sqrt(C), rel=0.05) and scaled == pytest.approx(1, rel=0.05)
+        assert raw == pytest.approx(math.sqrt(C), rel=0.05) and scaled == pytest.approx(
+            1, rel=0.05), f"exercise 4: C={C}: std {raw:.2f} raw, {scaled:.2f} scaled; want " \
+                          f"{math.sqrt(C):.2f} and 1"
     masked, unmasked = ex05_attention.exercise_5_the_mask_stops_leaks()
-    assert masked == 0.0 and unmasked > 0.01, f"exercise 5: the mask does not stop leaks{why}"
+    assert masked == 0.0 and unmasked > 0.01, (
+        f"exercise 5: position 0 moves by {masked:.1e} with the mask (want 0) and {unmasked:.1e} "
+        f"without (want > 0.01): the mask does not stop leaks{why}")

@@ -8,12 +8,14 @@ import pytest
 from tiny_llm.attention import draw_flow
 from tiny_llm.block import draw_block
 from tiny_llm.course.diagrams import PICTURES, box, canvas, matrix
+from tiny_llm.embed import draw_tables
 from tiny_llm.gpt import draw_model
 from tiny_llm.kvcache import draw_cache
 from tiny_llm.multihead import draw_heads
 
 IMAGES = Path(__file__).resolve().parent.parent / "steps" / "images"
 DIAGRAMS = {  # chapter image -> how its command draws it
+    "04-embed.png": draw_tables,
     "05-qkv.png": draw_flow,
     "06-heads.png": draw_heads,
     "07-block.png": draw_block,

@@ -16,7 +16,11 @@ def emb():
 
 
 def test_parameter_count_is_two_tables(emb):
-    assert sum(p.numel() for p in emb.parameters()) == 532_480 == 4096 * 128 + 64 * 128
+    counted = sum(p.numel() for p in emb.parameters())
+    shapes = {name: tuple(p.shape) for name, p in emb.named_parameters()}
+    assert counted == 532_480 == 4096 * 128 + 64 * 128, (
+        f"Embed(4096, 128, 64) has {counted:,} parameters, not 532,480 = tok_emb (4096, 128) + "
+        f"pos_emb (64, 128); its tables: {shapes}")
 
 
 def test_tables_start_as_small_normals(emb):
@@ -31,14 +35,17 @@ def test_tables_start_as_small_normals(emb):
 
 
 @contextmanager
-def lookup_errors():
-    """Name the errors that a wrong lookup of the positions gives inside the block."""
+def lookup_errors(emb=None):
+    """Name the errors that a wrong lookup of the positions gives inside the block; with `emb`,
+    a short input that fits says which wrong rows the forward looked up."""
     try:
         yield
     except IndexError as err:
+        seen = probe(emb) if emb is not None else ""
         raise AssertionError(f"your forward raised IndexError on ids inside the vocabulary "
-                             f"({err}): look up pos_emb with the positions torch.arange(T), "
-                             "not with the token ids") from err
+                             f"({err}){seen or ': look up pos_emb with the positions '}"
+                             f"{'' if seen else 'torch.arange(T), not with the token ids'}"
+                             ) from err
     except RuntimeError as err:
         if "must match the size" not in str(err):
             raise
@@ -47,15 +54,28 @@ def lookup_errors():
             "T = idx.shape[1], so pos_emb gives (T, C), which broadcasts over the batch") from err
 
 
+def probe(emb):
+    """What the forward does with ids [[2, 0, 1]] (short, and every id a position too): the
+    mistake wrong_position names, or ""."""
+    try:
+        x = emb(torch.tensor([[2, 0, 1]]))[0]
+    except (IndexError, RuntimeError):
+        return ""
+    tok, pos = emb.tok_emb.weight, emb.pos_emb.weight
+    return next(filter(None, (wrong_position(x[t], tok[v], pos, t, v)
+                              for t, v in enumerate((2, 0, 1)))), "")
+
+
 def embed(emb, idx):
-    with lookup_errors():
+    with lookup_errors(emb):
         return emb(idx)
 
 
 def test_output_is_token_row_plus_position_row(emb):
     idx = torch.randint(0, 4096, (3, 10))
     x = embed(emb, idx)
-    assert x.shape == (3, 10, 128) and x.dtype == torch.float32
+    assert x.shape == (3, 10, 128) and x.dtype == torch.float32, (
+        f"(3, 10) ids gave {tuple(x.shape)} {x.dtype}, not (3, 10, 128) torch.float32")
     token, position = emb.tok_emb.weight[idx[1, 4]], emb.pos_emb.weight[4]
     assert not torch.equal(x[1, 4], token), "x[1, 4] is tok_emb's row alone: add pos_emb's row 4"
     assert not torch.equal(x[1, 4], position), "x[1, 4] is pos_emb's row alone: add tok_emb's row"
@@ -76,6 +96,9 @@ def wrong_position(row, token_row, pos, t, token):
         return ""
     if near(torch.zeros_like(token_row)):
         return ": it is tok_emb's row alone: add pos_emb's row for each position"
+    if t + 1 < len(pos) and near(pos[t + 1]):
+        return (f": position {t} got pos_emb's row {t + 1}: the positions are off by one; they "
+                "run 0, 1, ..., T - 1, which is torch.arange(T)")
     if t and near(pos[0]):
         return (": every position got pos_emb's row 0: the positions are torch.arange(T) with "
                 "T = idx.shape[1], not the batch size idx.shape[0]")
@@ -92,14 +115,16 @@ def test_same_token_differs_by_position_and_tokens_differ(emb):
     assert not torch.allclose(x[0], x[1]), f"token 5 at positions 0 and 1 gives the same " \
                                            f"vector{seen}"
     assert torch.allclose(x[1] - x[0], pos[1] - pos[0]), (
-        "token 5 at positions 1 and 0 differs by something else than pos_emb's rows 1 and 0")
-    assert not torch.allclose(x[1], x[2]), "tokens 5 and 6 at one position give the same vector"
+        "token 5 at positions 1 and 0 differs by something else than pos_emb's rows 1 and 0"
+        f"{wrong_position(x[1], tok[5], pos, 1, 5)}")
+    assert not torch.allclose(x[1], x[2]), (
+        "tokens 5 and 6 at position 1 and 2 give the same vector: look up tok_emb with the ids")
 
 
 def test_worked_example_sums_by_hand(capsys):
     from tiny_llm.embed import worked_example
 
-    with lookup_errors():
+    with lookup_errors(Embed(10, 3, 5)):
         worked_example()
     lines = capsys.readouterr().out.splitlines()
     row = torch.tensor([float(v) for v in lines[3].rsplit("[", 1)[1].strip("]").split(",")])
@@ -140,12 +165,23 @@ def test_bad_sizes_are_refused():
 
 
 def test_solutions():
-    assert ex04_embed.exercise_1_parameter_count(4096, 128, 64) == 532_480
-    assert ex04_embed.exercise_1_parameter_count(50257, 768, 1024) == 39_383_808  # GPT-2 small
+    with lookup_errors(Embed(10, 3, 5)):  # the exercises run your Embed: a bug there is named
+        check_solutions()
+
+
+def check_solutions():
+    for args, want in (((4096, 128, 64), 532_480), ((50257, 768, 1024), 39_383_808)):
+        got = ex04_embed.exercise_1_parameter_count(*args)
+        assert got == want, f"exercise 1: Embed{args} has {want:,} parameters, got {got:,}"
     same, cosines = ex04_embed.exercise_2_untrained_cosines()
-    assert same == pytest.approx(1.0)
-    assert max(abs(c) for c in cosines) < 0.5  # random vectors: near-orthogonal, meaning nothing
-    assert ex04_embed.exercise_3_one_hot_is_a_lookup() == (0.0, 524_288)
-    assert ex04_embed.exercise_4_add_versus_concatenate(128) == (128, 256, 0.0)
+    assert same == pytest.approx(1.0), f"exercise 2: a row's cosine with itself is {same}, not 1"
+    assert max(abs(c) for c in cosines) < 0.5, (  # random vectors: near-orthogonal
+        f"exercise 2: untrained rows have cosines {cosines}, not near 0 (about ±1/√128)")
+    got = ex04_embed.exercise_3_one_hot_is_a_lookup()
+    assert got == (0.0, 524_288), f"exercise 3: got {got}, not (0.0 error, 524,288 saved)"
+    got = ex04_embed.exercise_4_add_versus_concatenate(128)
+    assert got == (128, 256, 0.0), f"exercise 4: got {got}, not (128, 256, 0.0 error)"
     message, shape = ex04_embed.exercise_5_too_long(64)
-    assert "T=65 exceeds max_seq_len=64" in message and shape == (1, 64, 128)
+    assert "T=65 exceeds max_seq_len=64" in message and shape == (1, 64, 128), (
+        f"exercise 5: got {message!r} and {shape}, not 'T=65 exceeds max_seq_len=64' and "
+        "(1, 64, 128)")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from solutions import ex08_gpt
-from tiny_llm.embed import check_ids
+from tiny_llm.checks import check_ids
 from tiny_llm.gpt import DEFAULT_PRESET, GPT, PRESETS, GPTConfig, check_targets
 
 SMALL_VOCAB = replace(PRESETS["tiny"], vocab_size=256)  # the tiny preset with a narrow head: fast

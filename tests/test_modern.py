@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from solutions import ex15_modern
 from tiny_llm.block import MLP
-from tiny_llm.embed import check_ids
+from tiny_llm.checks import check_ids
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.kvcache import KVCache
 from tiny_llm.modern import (

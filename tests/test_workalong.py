@@ -235,8 +235,8 @@ def test_a_finished_step_passes_its_tests_and_prints_its_chapters_check(tmp_path
 
 
 def test_a_failing_raises_test_shows_the_message_it_expected(tmp_path, capsys, warm):
-    mine = buildup.state(4)["embed.py"].replace(
-        'raise ValueError(f"{name} must be a positive int, got {value!r}")', "pass")
+    mine = buildup.state(4)["embed.py"].replace(  # the given check, deleted by the learner
+        "check_sizes(vocab_size=vocab_size, d_model=d_model, max_seq_len=max_seq_len)", "pass")
     (tmp_path / "embed.py").write_text(mine)
     assert workalong.main(["04", "--dir", str(tmp_path), "--no-check", "--", "-k",
                            "bad_sizes"]) == 1

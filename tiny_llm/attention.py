@@ -15,28 +15,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tiny_llm.checks import check_activations, check_sizes
 from tiny_llm.device import seed_everything
+from tiny_llm.embed import Embed
 from tiny_llm.files import save_figure
 from tiny_llm.paths import RUNS_DIR
-
-
-def check_activations(x, d_model, max_seq_len):
-    """Raise a clear error unless `x` is a (B, T, d_model) float tensor with T <= max_seq_len."""
-    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-        seen = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise TypeError(f"attention takes float vectors, got {seen}: "
-                        "embed the token ids first (Embed in step 04)")
-    if x.dim() != 3:
-        raise ValueError(f"expected a (B, T, C) batch of vectors, got shape {tuple(x.shape)}: "
-                         "for one sequence use x.unsqueeze(0)")
-    B, T, C = x.shape
-    if C != d_model:
-        raise ValueError(f"expected C = d_model = {d_model} features per position, got C={C}: "
-                         "build the attention with the same d_model as the embedding")
-    if T > max_seq_len:
-        raise ValueError(f"sequence length T={T} exceeds max_seq_len={max_seq_len}: the causal "
-                         f"mask stops there; keep the last {max_seq_len} positions "
-                         "or build with a larger max_seq_len")
 
 
 class CausalSelfAttention(nn.Module):
@@ -47,6 +30,7 @@ class CausalSelfAttention(nn.Module):
     """
 
     def __init__(self, d_model, max_seq_len):
+        check_sizes(d_model=d_model, max_seq_len=max_seq_len)  # given, in tiny_llm/checks.py
         super().__init__()
         self.d_model, self.max_seq_len = d_model, max_seq_len
         self.query = nn.Linear(d_model, d_model)  # what position t is looking for
@@ -60,8 +44,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, return_weights=False, causal=True):
         """causal=False lets every position see every other one (GPT never does; the check does)."""
-        check_activations(x, self.d_model, self.max_seq_len)
-        T, C = x.shape[1], x.shape[2]
+        B, T, C = check_activations(x, self.d_model, self.max_seq_len)  # given: rank, C, T
         q, k, v = self.query(x), self.key(x), self.value(x)  # each (B, T, C)
         # scores[b, t, s] = q_t · k_s / sqrt(C): dividing keeps their spread near 1 whatever C
         # is, so the softmax below starts soft instead of picking one position
@@ -109,6 +92,58 @@ def order_checks(attn, T=8):
         print(f"{name:<16} shuffle t = 0..{T - 2}: output at t = {T - 1} changes by {change:.6f}")
 
 
+def why_scale(C=64, T=8, rows=2000):
+    """Print how much gradient reaches the scores through the softmax as their spread grows: the
+    "no gradient" half of dividing by sqrt(C), measured with autograd on random q and k."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(rows, T, C, generator=g), torch.randn(rows, T, C, generator=g)
+    upstream = torch.randn(rows, T, T, generator=g)  # what some loss sends back to the weights
+    print(f"{'score spread':<24} {'largest weight':<16} {'rows one-hot':<14} gradient to scores")
+    notes = {1: "÷ √C, as we do", 8: "no ÷ √C, C = 64", 16: "no ÷ √C, C = 256"}
+    for spread in (1, 2, 4, 8, 16):
+        scores = (q @ k.transpose(-2, -1) * spread / math.sqrt(C)).requires_grad_()
+        weights = scores.softmax(dim=-1)  # (rows, T, T)
+        (weights * upstream).sum().backward()  # autograd: d(loss)/d(scores) in scores.grad
+        largest = weights.detach().amax(dim=-1)  # (rows, T): 1/T is even, 1 is one-hot
+        label = f"{spread:<3}{notes.get(spread, '')}"
+        print(f"{label:<24} {largest.mean():<16.2f} "
+              f"{(largest > 0.99).float().mean():<14.2f} {scores.grad.abs().mean():.4f}")
+
+
+def learn_pattern(attn, targets, steps=200, vocab_size=16, T=8):
+    """Train Embed -> attn -> one Linear readout per target, with Adam, on random tokens; return
+    (the last loss, per target the share of positions 1.. it names right on new tokens).
+    `targets(idx)` -> [(B, T) ids]: what each readout must name at each position."""
+    emb, d = Embed(vocab_size, attn.d_model, T), attn.d_model
+    readouts = nn.ModuleList(nn.Linear(d, vocab_size) for _ in targets(torch.zeros(1, T)))
+    params = [*emb.parameters(), *attn.parameters(), *readouts.parameters()]
+    optimizer = torch.optim.Adam(params, lr=1e-2)
+    for step in range(steps + 1):
+        idx = torch.randint(0, vocab_size, (32 if step < steps else 512, T))
+        out = attn(emb(idx))[:, 1:]  # position 0 has no token before it: left out
+        losses = [F.cross_entropy(r(out).flatten(0, 1), want[:, 1:].flatten())
+                  for r, want in zip(readouts, targets(idx), strict=True)]
+        if step == steps:  # new tokens, no update: how often each readout is right
+            return sum(losses).item(), [(r(out).argmax(-1) == want[:, 1:]).float().mean().item()
+                                        for r, want in zip(readouts, targets(idx), strict=True)]
+        optimizer.zero_grad()
+        sum(losses).backward()
+        optimizer.step()
+
+
+def why_maps(steps=200):
+    """Learn "name the previous token" with the three maps, and with q = k = x."""
+    print(f"{'task':<16} name the token before each position: 16 random tokens, 8 positions, "
+          f"{steps} Adam steps")
+    for name, same in (("q, k, v maps", False), ("q = k = x", True)):
+        seed_everything(0)
+        attn = CausalSelfAttention(d_model=32, max_seq_len=8)
+        if same:
+            attn.query = attn.key = nn.Identity()  # no maps: score(t, s) = x_t · x_s
+        loss, (right,) = learn_pattern(attn, lambda idx: [idx.roll(1, dims=1)], steps)
+        print(f"{name:<16} loss {loss:.2f}   previous token named right {right:.2f}")
+
+
 def draw_flow(path):
     """Draw x -> q, k, v -> scores -> weights -> out with the check's head and input; save a PNG."""
     from tiny_llm.course.diagrams import qkv_diagram
@@ -129,10 +164,15 @@ def main():
     parser.add_argument("--out", default=str(RUNS_DIR / "attention" / "weights.png"),
                         help="where to write the picture of the attention weights")
     parser.add_argument("--diagram", metavar="PNG", help="draw q, k, v and the weights there, stop")
+    parser.add_argument("--why", choices=("scale", "maps"), help="take a piece away and measure: "
+                        "the division by sqrt(C), or the query and key maps")
     args = parser.parse_args()
     if args.diagram:
         print(f"{'diagram':<16} {draw_flow(args.diagram)}")
         return
+    if args.why:
+        torch.set_num_threads(1)  # matrices this small: one thread is fastest
+        return why_scale() if args.why == "scale" else why_maps()
 
     seed_everything(1337)
     attn = CausalSelfAttention(d_model=64, max_seq_len=64)

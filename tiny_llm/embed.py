@@ -2,7 +2,7 @@
 
 A token id is only a name: 17 is not "more" than 16. The model needs a vector per token that it
 can learn, and a vector per position, because attention (step 05) cannot tell order on its own.
-`Embed` looks both up and adds them; the input checks it calls live in `tiny_llm.checks`.
+`Embed` looks both up and adds them; the input checks it calls are given, in `tiny_llm.checks`.
 Step 14 compares learned positions with the fixed sinusoidal table, RoPE and ALiBi.
 
 Run the check:  uv run python -m tiny_llm.embed
@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn as nn
 
-from tiny_llm.checks import check_batch, check_ids, check_length
+from tiny_llm.checks import check_batch, check_length, check_sizes, check_vocab
 from tiny_llm.device import seed_everything
 
 
@@ -26,11 +26,8 @@ class Embed(nn.Module):
     """
 
     def __init__(self, vocab_size, d_model, max_seq_len, learned_positions=True):
+        check_sizes(vocab_size=vocab_size, d_model=d_model, max_seq_len=max_seq_len)  # given
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
-                            ("max_seq_len", max_seq_len)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.vocab_size, self.d_model, self.max_seq_len = vocab_size, d_model, max_seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)  # row i: the vector of token i
         self.pos_emb = nn.Embedding(max_seq_len, d_model) if learned_positions else None
@@ -45,29 +42,42 @@ class Embed(nn.Module):
         when a KV cache (step 12) already holds the positions before it."""
         T = check_batch(idx)  # dtype and rank: read off the tensor, no wait for the device
         check_length(start + T, self.max_seq_len)
-        try:
-            x = self.tok_emb(idx)  # (B, T, C): row idx[b, t] of the table
-        except IndexError:  # an id outside the table: only now look for it, to name it
-            check_ids(idx, self.vocab_size, self.max_seq_len)
-            raise
+        check_vocab(idx, self.vocab_size)  # every id in the table: read on a CPU only
+        x = self.tok_emb(idx)  # (B, T, C): row idx[b, t] of the table
         if self.pos_emb is None:
             return x
         pos = torch.arange(start, start + T, device=idx.device)  # (T,) = start, ..., start + T - 1
         return x + self.pos_emb(pos)  # (B, T, C) + (T, C) broadcasts over B
 
 
-def worked_example():
-    """The chapter's hand-sized example: vocab 10, context 5, 3 dims, weights set by hand."""
+def hand_sized():
+    """(Embed, idx) of the chapter's example: vocab 10, context 5, 3 dims, weights set by hand."""
     emb = Embed(vocab_size=10, d_model=3, max_seq_len=5)
     with torch.no_grad():
         emb.tok_emb.weight.copy_(torch.arange(30.0).view(10, 3) / 10)  # [3v, 3v+1, 3v+2] / 10
         emb.pos_emb.weight.copy_(torch.arange(15.0).view(5, 3) / 100)  # [3t, 3t+1, 3t+2] / 100
-        idx = torch.tensor([[3, 1, 4, 1, 5]])
+    return emb, torch.tensor([[3, 1, 4, 1, 5]])
+
+
+def worked_example():
+    """Print the hand-sized example, row by row: tok + pos = out."""
+    emb, idx = hand_sized()
+    with torch.no_grad():
         out = emb(idx)
     for t, v in enumerate(idx[0].tolist()):
         row = [emb.tok_emb.weight[v], emb.pos_emb.weight[t], out[0, t]]
         tok, pos, total = ("[" + ", ".join(f"{x:.2f}" for x in r) + "]" for r in row)
         print(f"t={t}  id={v}   tok {tok} + pos {pos} = {total}")
+
+
+def draw_tables(path):
+    """Draw the hand-sized example's two lookups and their sum; save a PNG."""
+    from tiny_llm.course.diagrams import embed_diagram
+    from tiny_llm.files import save_figure
+
+    emb, idx = hand_sized()
+    tok, pos = emb.tok_emb.weight.detach().numpy(), emb.pos_emb.weight.detach().numpy()
+    return save_figure(embed_diagram(tok, pos, idx[0].numpy()), path, dpi=90)
 
 
 def show_dependence(emb):
@@ -87,9 +97,13 @@ def main():
     parser = argparse.ArgumentParser(description="Step 04: token and position embeddings.")
     parser.add_argument("--worked-example", action="store_true",
                         help="print only the chapter's hand-sized example")
+    parser.add_argument("--diagram", metavar="PNG", help="draw the two lookups there and stop")
     args = parser.parse_args()
     if args.worked_example:
         return worked_example()
+    if args.diagram:
+        print(f"{'diagram':<16} {draw_tables(args.diagram)}")
+        return
 
     seed_everything(1337)
     emb = Embed(vocab_size=4096, d_model=128, max_seq_len=64)

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tiny_llm.checks import check_activations, check_heads, check_sizes
 from tiny_llm.device import seed_everything
 
 
@@ -61,18 +62,9 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model, n_heads, max_seq_len, dropout=0.0):
+        check_sizes(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len)  # given
+        check_heads(d_model, n_heads, dropout)  # n_heads divides d_model; 0 <= dropout < 1
         super().__init__()
-        sizes = {"d_model": d_model, "n_heads": n_heads, "max_seq_len": max_seq_len}
-        for name, value in sizes.items():
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if d_model % n_heads != 0:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}: every head gets "
-                f"d_model // n_heads dimensions, so pick n_heads from the divisors of {d_model}"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.d_model = d_model
         self.n_heads = n_heads
         self.head_size = d_model // n_heads
@@ -95,7 +87,7 @@ class MultiHeadAttention(nn.Module):
         With a `cache` (step 12), x holds only the new positions; their keys and values are
         stored as layer `layer`'s, and the queries attend over every position kept so far.
         """
-        B, T, C = self._check_input(x)
+        B, T, C = check_activations(x, self.d_model, self.max_seq_len)
         q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
         # (B, T, C) -> (B, T, n_heads, head_size) -> (B, n_heads, T, head_size):
         # the head becomes a batch dimension, so every head attends independently.
@@ -130,28 +122,6 @@ class MultiHeadAttention(nn.Module):
         weights = self.attn_dropout(F.softmax(scores, dim=-1))  # each row sums to 1
         return weights @ v  # (B, n_heads, T, head_size)
 
-    def _check_input(self, x):
-        if not torch.is_tensor(x) or not x.is_floating_point():
-            raise TypeError(f"MultiHeadAttention expects a float tensor, got {_describe(x)}")
-        if x.dim() != 3:
-            raise ValueError(
-                f"MultiHeadAttention expects (B, T, d_model) input, got shape {tuple(x.shape)}: "
-                "add a batch dimension with x.unsqueeze(0) for a single sequence"
-            )
-        B, T, C = x.shape
-        if C != self.d_model:
-            raise ValueError(f"last dimension is {C}, but this layer has d_model={self.d_model}")
-        if T > self.max_seq_len:
-            raise ValueError(
-                f"sequence length T={T} exceeds max_seq_len={self.max_seq_len}: keep the last "
-                f"{self.max_seq_len} positions (x[:, -{self.max_seq_len}:]) or build a longer model"
-            )
-        return B, T, C
-
-
-def _describe(x):
-    return f"{x.dtype} tensor" if torch.is_tensor(x) else type(x).__name__
-
 
 def draw_heads(path, batch_size=2, seq_len=16, d_model=64, n_heads=4):
     """Draw how (B, T, C) becomes (B, heads, T, head_size) and back, at the check's sizes."""
@@ -162,13 +132,37 @@ def draw_heads(path, batch_size=2, seq_len=16, d_model=64, n_heads=4):
     return save_figure(heads_diagram(sizes), path, dpi=90)
 
 
+def why_heads(steps=200):
+    """Learn to name two tokens at every position, the first one and the previous one, with 1, 2
+    and 4 heads of the same 32 dimensions: the same parameters, the same steps."""
+    from tiny_llm.attention import learn_pattern  # step 05's short fit
+
+    def first_and_previous(idx):
+        return [idx[:, :1].expand_as(idx), idx.roll(1, dims=1)]
+
+    print(f"{'task':<8} name the first token and the one before each position: 16 random "
+          f"tokens, 8 positions, {steps} Adam steps")
+    print(f"{'heads':<8} {'params':<8} {'loss':<6} {'first named right':<19} previous named right")
+    for n_heads in (1, 2, 4):
+        seed_everything(0)
+        attn = MultiHeadAttention(d_model=32, n_heads=n_heads, max_seq_len=8)
+        params = sum(p.numel() for p in attn.parameters())
+        loss, (first, previous) = learn_pattern(attn, first_and_previous, steps)
+        print(f"{n_heads:<8} {params:<8,} {loss:<6.2f} {first:<19.2f} {previous:.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description="Step 06: multi-head attention.")
     parser.add_argument("--diagram", metavar="PNG", help="draw the heads' reshape there and stop")
+    parser.add_argument("--why", choices=("heads",), help="one head against several on a task "
+                        "that needs two patterns at once, the same parameters and steps")
     args = parser.parse_args()
     if args.diagram:
         print(f"{'diagram':<28} {draw_heads(args.diagram)}")
         return
+    if args.why:
+        torch.set_num_threads(1)  # matrices this small: one thread is fastest
+        return why_heads()
     seed_everything(1337)
     d_model, n_heads, max_seq_len = 64, 4, 32
     attn = MultiHeadAttention(d_model, n_heads, max_seq_len).eval()

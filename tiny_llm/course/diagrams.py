@@ -187,6 +187,70 @@ def block_diagram(s):
     return fig
 
 
+def embed_diagram(tok, pos, idx):
+    """Step 04's two lookups, added: ids pick rows of tok_emb, positions pick rows of pos_emb,
+    and out[t] = tok_emb[idx[t]] + pos_emb[t]. tok (V, C), pos (T_max, C), idx (T,): numpy
+    arrays of the hand-sized example (see embed.draw_tables)."""
+    from matplotlib.patches import Rectangle
+
+    fig, ax = canvas(11.0, 5.4)
+    (V, C), T, cell = tok.shape, len(idx), 0.24
+    out = tok[idx] + pos[:T]
+    colors = [HEADS[t] + "66" for t in range(T)]  # one colour per position, light
+    ax.text(5.5, 5.15, f"Embed, hand-sized: vocabulary {V}, max_seq_len {len(pos)}, d_model {C};"
+            f" ids {' '.join(str(int(v)) for v in idx)}: out[t] = tok_emb[idx[t]] + pos_emb[t]",
+            fontsize=10, weight="bold", ha="center")
+
+    def table(x, top, values, title, picked):
+        """A table with its rows numbered and written out, each picked row outlined in its
+        position's colour; returns the y of the middle of each row."""
+        matrix(ax, x, top, values, cell, "Greens", 0.0, values.max() * 1.6)
+        mids = [top - (r + 0.5) * cell for r in range(values.shape[0])]
+        for r, y in enumerate(mids):
+            ax.text(x - 0.08, y, str(r), ha="right", va="center", fontsize=7)
+            for c in range(values.shape[1]):
+                ax.text(x + (c + 0.5) * cell, y, f"{values[r, c]:.2f}", ha="center",
+                        va="center", fontsize=5.5)
+        for t, r in picked:
+            ax.add_patch(Rectangle((x, top - (r + 1) * cell), values.shape[1] * cell, cell,
+                                   fill=False, edgecolor=HEADS[t], lw=2))
+        ax.text(x + values.shape[1] * cell / 2, top + 0.06, title, ha="center", va="bottom",
+                fontsize=8)
+        return mids
+
+    def column(x, mid, labels, title):
+        """The T ids or positions as a column of cells; returns each cell's right middle."""
+        ends = []
+        for t, label in enumerate(labels):
+            y = mid + (T / 2 - t - 0.5) * 0.34
+            ax.add_patch(Rectangle((x, y - 0.17), 0.34, 0.34, facecolor=colors[t],
+                                   edgecolor="#555555", lw=0.8))
+            ax.text(x + 0.17, y, label, ha="center", va="center", fontsize=9)
+            ends.append((x + 0.34, y))
+        ax.text(x + 0.17, mid + T * 0.17 + 0.08, title, ha="center", va="bottom", fontsize=8)
+        return ends
+
+    ids = column(0.9, 3.65, [str(int(v)) for v in idx], "idx: the ids")
+    ts = column(0.9, 1.3, [str(t) for t in range(T)], "t = arange(T)")
+    tok_rows = table(3.4, 4.85, tok, f"tok_emb ({V}, {C})", list(enumerate(int(v) for v in idx)))
+    pos_rows = table(3.4, 1.9, pos, f"pos_emb ({len(pos)}, {C})", [(t, t) for t in range(T)])
+    for t, v in enumerate(idx):  # one arrow per lookup, in the position's colour
+        arrow(ax, ids[t], (3.15, tok_rows[int(v)]), color=HEADS[t])
+        arrow(ax, ts[t], (3.15, pos_rows[t]), color=HEADS[t])
+    ax.text(2.25, 2.45, "row idx[t]\nof tok_emb", ha="center", fontsize=8)
+    ax.text(2.25, 0.2, "row t of pos_emb", ha="center", fontsize=8)
+    plus(ax, 5.3, 2.75)
+    arrow(ax, (4.2, 3.6), (5.2, 2.85))
+    arrow(ax, (4.2, 1.3), (5.2, 2.65))
+    arrow(ax, (5.44, 2.75), (6.3, 2.75))
+    top = 2.75 + T * cell / 2
+    rows = table(6.6, top, out, f"out ({T}, {C}): (T, d_model)", [(t, t) for t in range(T)])
+    for t, (v, y) in enumerate(zip(idx, rows, strict=True)):
+        ax.text(6.6 + C * cell + 0.12, y, f"t={t}: row {int(v)} of tok_emb + row {t} of pos_emb",
+                va="center", fontsize=7)
+    return fig
+
+
 def qkv_diagram(scores, weights, s):
     """Step 05's one head: x -> q, k, v -> scores -> weights -> out. scores and weights are
     (T, T) arrays of one sequence (NaN above the diagonal); `s`: B, T, d (attention.draw_flow)."""
