@@ -433,7 +433,7 @@ MISTAKES = {
     ),
     "multihead_fast_path_not_causal": Mistake(
         "multihead",
-        "is_causal=Tq > 1",
+        "is_causal=bool(Tq == Tk)",
         "is_causal=False",
         "test_multihead.py",
         "not solutions",

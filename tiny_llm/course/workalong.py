@@ -646,8 +646,13 @@ def exercise_tests(module):
         elif isinstance(node, ast.Import):
             answers |= {(a.asname or a.name).split(".")[0] for a in node.names
                         if a.name.split(".")[0] == "solutions"}
-    return {name.rpartition(".")[2] for name, node in bodies(tree)
-            if any(isinstance(n, ast.Name) and n.id in answers for n in ast.walk(node))}
+    uses = {name.rpartition(".")[2]: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            for name, node in bodies(tree)}
+    found, grown = set(), True
+    while grown:  # a test that calls a helper of the file which uses the answers counts too
+        more = {name for name, names in uses.items() if names & (answers | found)}
+        grown, found = bool(more - found), found | more
+    return {name for name in found if name.startswith("test")}
 
 
 FRAME = re.compile(r"^(\S.*?):(\d+): in (\S+)$")  # pytest's short traceback: file:line: in name
