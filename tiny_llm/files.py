@@ -11,6 +11,7 @@ turn the two failures a learner meets on a real disk, no permission and no space
 """
 
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -185,3 +186,13 @@ def lock_holder(lock, grace_s=10.0):
     except (OSError, ValueError):  # gone meanwhile, or not a number
         return 0
     return None if starting else 0
+
+
+def file_sha256(path):
+    """The sha256 hex digest of a file, read in 1 MiB pieces: a fingerprint that tells a file
+    from one put in its place (a run that starts from a checkpoint remembers it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
