@@ -32,7 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from tiny_llm.budget import parse_duration
-from tiny_llm.checkpoint import class_path, load_checkpoint, model_from_state, save_checkpoint
+from tiny_llm.checkpoint import (
+    check_tokenizer,
+    class_path,
+    load_checkpoint,
+    model_from_state,
+    save_checkpoint,
+)
 from tiny_llm.data import ensure_data, load_token_array
 from tiny_llm.device import pick_device, pick_threads
 from tiny_llm.files import file_sha256, save_figure
@@ -235,7 +241,7 @@ def resumed_run(ckpt_path, cfg, given):
         raise FileNotFoundError(
             f"no reward run to resume in {ckpt_path.parent} (no ckpt.pt): start one with "
             f"--init-from a checkpoint fine-tuned on requests (step 17) --out {cfg.out}")
-    saved = load_checkpoint(ckpt_path, data_dir=cfg.data_dir)
+    saved = load_checkpoint(ckpt_path)
     if "reward" not in saved:
         raise ValueError(f"{ckpt_path} is not a reward run (no 'reward' entry; it was saved by "
                          f"`{saved.get('command', 'tiny_llm.train')}`): pass the --out of a "
@@ -245,6 +251,7 @@ def resumed_run(ckpt_path, cfg, given):
     merged = replace(RewardConfig(**saved["reward"]["config"]), **settings, resume=True,
                      out=cfg.out)
     check_resume_settings(merged, saved["reward"]["config"], ckpt_path)
+    check_tokenizer(saved, merged.data_dir, ckpt_path)  # the data folder it will read
     return saved, merged
 
 
