@@ -791,3 +791,18 @@ def busy_shell(real_init):
         self.watch.step = lambda: calls.append(1) or (
             "busy: this run got 0.9 of the 2 cores" if len(calls) == 2 else None)
     return init
+
+
+def test_a_budget_prices_evaluations_from_recent_ones_and_advises_from_a_measured_pace(capsys):
+    from tiny_llm.budget import eval_time
+
+    evals = [{"step": 0, "time_s": 0.0, "eval_s": 16.3}, {"step": 200, "time_s": 30.0,
+             "eval_s": 1.4}, {"step": 400, "time_s": 60.0, "eval_s": 1.5}]
+    assert eval_time(evals) == pytest.approx(1.45)  # step 0's busy first evaluation left out
+    assert eval_time(evals[:1], bound=2.0) == 2.0  # alone, no slower than training batches
+    cfg = TrainConfig(time_budget=1.0, max_steps=0, warmup_steps=100)
+    records = [{"step": 0, "time_s": 0.0, "eval_s": 0.1}, {"step": 1, "time_s": 2.6}]
+    Budget(cfg, [], 0).price(cfg, 1, records)  # the first update, one-off costs and all
+    said = capsys.readouterr().out
+    assert "only 1 update fit in 1 s, before the run's pace could be measured" in said
+    assert "take about --time-budget" not in said  # no minutes priced from a one-off update

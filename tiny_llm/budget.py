@@ -108,15 +108,18 @@ def measured_pace(records, since=0):
     return pace, eval_time(records), one_off, times[-1]
 
 
-def eval_time(records):
+def eval_time(records, bound=math.inf):
     """An evaluation's seconds: the median of the latest three, step 0's left out once a later
     one is timed (the first pays one-off costs, and on a busy machine it can take ten times as
-    long): evaluations of 16.3 s (step 0), 1.4 s and 1.5 s -> 1.45 s."""
+    long): evaluations of 16.3 s (step 0), 1.4 s and 1.5 s -> 1.45 s. With step 0's alone, at
+    most `bound` (an evaluation's forward passes cannot take longer than training steps do)."""
     latest = itertools.islice(((r["step"], r["eval_s"]) for r in reversed(records)
                                if "eval_s" in r), 4)
     timed = list(latest)
-    later = [s for step, s in timed if step > 0] or [s for _, s in timed]
-    return statistics.median(later[:3]) if later else 0.0  # none in old logs
+    later = [s for step, s in timed if step > 0]
+    if later:
+        return statistics.median(later[:3])
+    return min(timed[0][1], bound) if timed else 0.0  # none in old logs
 
 
 class Budget:
@@ -150,6 +153,9 @@ class Budget:
         pace, eval_s, one_off, last = measured_pace(records, self.since)
         if pace is None:
             return cfg
+        # eval_iters forward passes take no longer than as many training micro-batches
+        bound = getattr(cfg, "eval_iters", math.inf) * pace / getattr(cfg, "grad_accum", 1)
+        eval_s = eval_time(records, bound)
         seconds = records[-1]["time_s"]
         fit = round(self.agree(self.steps_that_fit(cfg, step, seconds, pace, eval_s, last)))
         if self.takes(cfg, step, fit):
