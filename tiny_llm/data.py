@@ -21,7 +21,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from tiny_llm.files import atomic_path, check_writable, explain_full_disk, lock_holder, take_lock
+from tiny_llm.files import (  # noqa: I001 (a corpus from outside)
+    atomic_path,
+    check_text_file,
+    check_writable,
+    explain_full_disk,
+    lock_holder,
+    refuse_nul,
+    split_at,
+    take_lock,
+)
 from tiny_llm.paths import DATA_DIR, check_data_dir
 from tiny_llm.prepared import (  # noqa: F401 (FILES and load_meta: for the later steps' imports)
     FILES,
@@ -83,11 +92,12 @@ def file_stories(path):
     .jsonl/.json/.parquet."""
     import datasets
     path, reader = corpus_file(path)
-    check_text_file(path, reader)
+    if reader != "parquet":  # binary, and read by datasets
+        check_text_file(path)
     rows = datasets.load_dataset(reader, data_files=str(path), split="train", streaming=True)
     try:
         if reader == "text":  # one row per line; a story is the text between two EOTs
-            yield from refuse_nul(split_at_eot(row["text"] for row in rows), path)
+            yield from refuse_nul(split_at((row["text"] for row in rows), EOT), path)
             return
         for i, row in enumerate(rows, start=1):
             if "text" not in row:
@@ -102,49 +112,6 @@ def file_stories(path):
             f"another encoding such as Latin-1 must be converted first, for example `iconv -f "
             f"latin1 -t utf-8 {path.name} > {path.stem}-utf8{path.suffix}`, then pass the new "
             "file; a binary file cannot be a corpus") from None
-
-
-def split_at_eot(lines):
-    """Stories from lines of text: a new story at every EOT, on a line of its own or inside one
-    (a file of one line, 'A.<|endoftext|>B.' -> 'A.', 'B.')."""
-    story = []
-    for line in lines:
-        *ended, rest = line.split(EOT)
-        for part in ended:
-            yield "\n".join([*story, part])
-            story = []
-        story.append(rest)
-    yield "\n".join(story)
-
-
-def refuse_nul(stories, path, row=None):
-    """The stories, refusing one with a NUL byte: no text holds one, and a model would learn to
-    write them."""
-    for i, story in enumerate(stories, start=1):
-        if "\x00" in story:
-            where = f"row {row}" if row else f"story {i:,}"
-            raise ValueError(
-                f"{path}, {where}, holds NUL bytes (\\x00), which no text holds: the file is "
-                f"binary, damaged or in UTF-16. If the rest is text, remove them with `tr -d "
-                f"'\\000' < {path.name} > {path.stem}-clean{path.suffix}` and pass the new file")
-        yield story
-
-
-def check_text_file(path, reader):
-    """Refuse, by its first bytes, a text corpus that is compressed or in UTF-16, naming the
-    command that makes it UTF-8 text."""
-    if reader == "parquet":
-        return
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if head[:2] == b"\x1f\x8b":
-        raise ValueError(f"{path} is compressed with gzip (it starts with the bytes 1f 8b), not "
-                         f"text: unpack it first, `gunzip -c {path.name} > {path.stem}-text"
-                         f"{path.suffix}`, and pass the unpacked file")
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        raise ValueError(f"{path} is UTF-16 text (it starts with a UTF-16 byte-order mark): "
-                         f"convert it to UTF-8 first, `iconv -f utf-16 -t utf-8 {path.name} > "
-                         f"{path.stem}-utf8{path.suffix}`, and pass the new file")
 
 
 def split_tail(stories, path):

@@ -76,8 +76,8 @@ def check_resume_settings(cfg, saved, path):
         raise ValueError(
             f"--resume cannot change what the run in {path} fixed: {', '.join(changed)}. "
             f"With --resume, leave out {fixed}; it "
-            f"accepts {', '.join(accepted)}{getattr(cfg, 'resume_also', ' and --sample-tokens')}."
-            " To train another model, start a new run with another --out")
+            f"accepts {', '.join(accepted)}. To train another model, start a new run with "
+            "another --out")
 
 
 def own_fields_first(config):

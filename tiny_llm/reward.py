@@ -151,7 +151,6 @@ class RewardConfig:
     # what --resume may not change (flags.check_resume_settings): the run's updates depend on it
     fixed_on_resume: ClassVar[tuple] = ("group_size", "requests_per_step", "max_new_tokens",
                                         "lr", "kl_coef", "free_share", "seed")
-    resume_also: ClassVar[str] = ""  # no more flags than the fields
     # what budget.Budget reads of a run: no warmup to fit, no evaluations, no "too few" advice
     warmup_steps: ClassVar[int] = 0
     eval_interval: ClassVar[int] = 1
