@@ -228,12 +228,17 @@ def check_text_file(path):
 
 def split_at(lines, marker):
     """The pieces of a text read line by line, cut at every `marker`, on a line of its own or
-    inside one (a story file of one line: 'A.<|endoftext|>B.' -> 'A.', 'B.')."""
+    inside one (a story file of one line: 'A.<|endoftext|>B.' -> 'A.', 'B.'); blank pieces are
+    left out."""
     piece = []
     for line in lines:
         *ended, rest = line.split(marker)
         for part in ended:
-            yield "\n".join([*piece, part])
+            text = "\n".join([*piece, part] if part else piece)
+            if text.strip():
+                yield text
             piece = []
-        piece.append(rest)
-    yield "\n".join(piece)
+        if rest or not ended:  # a marker's line adds no blank line of its own
+            piece.append(rest)
+    if "\n".join(piece).strip():
+        yield "\n".join(piece)

@@ -36,13 +36,14 @@ def check_run_length(max_steps, time_budget):
                          f"(got --max-steps {max_steps} and --time-budget {time_budget:g})")
 
 
-def refuse_non_finite(loss, step, fix):
+def refuse_non_finite(loss, step, fix, where=""):
     """Raise before the update when the loss is inf or nan: an update would make every weight
-    nan, and the last checkpoint saved still holds the weights from before. `fix`: what to try."""
+    nan, and the last checkpoint saved still holds the weights from before. `fix`: what to try;
+    `where`: the settings the update ran with."""
     if not math.isfinite(loss):
         raise FloatingPointError(
-            f"the training loss became {loss} at step {step + 1}: the run diverged. {fix}; the "
-            "last checkpoint saved, if any, still holds the weights from before")
+            f"the training loss became {loss} at step {step + 1}{where}: the run diverged. {fix}; "
+            "the last checkpoint saved, if any, still holds the weights from before")
 
 
 class LoopShell:

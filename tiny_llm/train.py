@@ -204,8 +204,8 @@ def update_weights(model, optimizer, data, cfg, device, generator, lr, step, par
         if group.get("muon") and cfg.momentum_warmup:  # a lighter momentum while Muon starts
             group["momentum"] = muon_momentum(step, cfg.momentum_warmup)
     loss = accumulate_gradients(model, data, cfg, device, generator, parallel, scaler)
-    refuse_non_finite(loss, step, f"At lr {lr:.2e}, dtype {cfg.dtype}: try a lower --lr (now "
-                      f"{cfg.lr}) or --dtype float32")  # before the step: weights stay finite
+    refuse_non_finite(loss, step, f"Try a lower --lr (now {cfg.lr}) or --dtype float32",
+                      f" (lr {lr:.2e}, dtype {cfg.dtype})")  # before the step: weights stay finite
     scaler.unscale_(optimizer)  # float16: the true gradients, before clipping (else a no-op)
     if cfg.grad_clip > 0:  # one unlucky batch cannot throw the weights far
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
