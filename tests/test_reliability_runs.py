@@ -806,3 +806,16 @@ def test_a_budget_prices_evaluations_from_recent_ones_and_advises_from_a_measure
     said = capsys.readouterr().out
     assert "only 1 update fit in 1 s, before the run's pace could be measured" in said
     assert "take about --time-budget" not in said  # no minutes priced from a one-off update
+
+
+def test_the_shell_says_the_updates_made_against_the_budgets_first_plan():
+    cfg = TrainConfig(time_budget=10.0, max_steps=0, warmup_steps=1, eval_interval=1000)
+    shell = LoopShell(cfg, [], 0, 1, False)
+    records = [{"step": 0, "time_s": 0.0, "eval_s": 0.0}]
+    for step in range(1, 5):  # 1 s an update: about 10 fit
+        records.append({"step": step, "time_s": float(step)})
+        cfg = shell.after_update(cfg, step, records)
+    assert shell.first_plan == 10 and shell.summary(4) == (
+        "4 made in this run, against a first plan of 10")
+    max_steps_alone = LoopShell(TrainConfig(time_budget=0, max_steps=5), [], 0, 1, False)
+    assert max_steps_alone.summary(5) == ""  # --max-steps set the length: nothing to compare
