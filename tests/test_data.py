@@ -322,3 +322,37 @@ def test_exercise_5_plot_token_ranks(sample_data_dir, tmp_path):
     assert 0 < (counts > 0).sum() < load_meta(sample_data_dir)["vocab_size"]  # not every id occurs
     path = ex03_data.exercise_5_plot_token_ranks(tmp_path / "ranks.png", [sample_data_dir])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the fourth probe (issue 45): files that look like text and are not -----------------------
+
+
+def test_a_one_line_file_is_split_at_every_eot(tmp_path):
+    one_line = tmp_path / "one.txt"
+    one_line.write_text(EOT.join(STORIES[:20]) + "\n")  # no newline around the EOTs
+    meta = prepare_data(one_line, None, tmp_path / "d", vocab_size=SMALL_VOCAB, progress=False)
+    assert meta["train"]["stories"] + meta["valid"]["stories"] == 20
+    eots = sum(int((load_token_array(tmp_path / "d" / f"{s}.bin") == meta["eot_id"]).sum())
+               for s in ("train", "valid"))
+    assert eots == 20  # one after each story, none inside one
+
+
+@pytest.mark.parametrize("content, said", [
+    (None, r"one.txt is compressed with gzip \(it starts with the bytes 1f 8b\), not text: "
+           r"unpack it first, `gunzip -c one.txt > one-text.txt`"),
+    (EOT.join(STORIES[:4]).encode("utf-16"), r"one.txt is UTF-16 text \(it starts with a UTF-16 "
+                                             r"byte-order mark\): .*`iconv -f utf-16 -t utf-8 "
+                                             r"one.txt > one-utf8.txt`"),
+    (f"{STORIES[0]}\n{EOT}\nA\x00B\n{EOT}\n{STORIES[1]}".encode(),
+     r"one.txt, story 2, holds NUL bytes \(\\x00\), which no text holds: .*`tr -d '\\000' < "
+     r"one.txt > one-clean.txt`"),
+], ids=["gzip", "utf-16", "nul"])
+def test_gzip_utf16_and_nul_bytes_are_refused_with_their_own_fix(tmp_path, content, said):
+    import gzip
+
+    path = tmp_path / "one.txt"
+    path.write_bytes(content if content is not None else
+                     gzip.compress(EOT.join(STORIES[:4]).encode()))
+    with pytest.raises(ValueError, match=said):
+        prepare_data(path, None, tmp_path / "d", vocab_size=SMALL_VOCAB, progress=False)
+    assert not any((tmp_path / "d").glob("*")), "nothing is left behind"

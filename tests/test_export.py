@@ -429,6 +429,29 @@ def test_a_chat_message_gives_the_words_and_unlearned_features_are_refused(expor
         tokenizer.apply_chat_template([{"role": "user", "summary": "A dog."}], tokenize=False)
 
 
+def test_the_chat_template_refuses_what_it_cannot_render_in_a_sentence(exported_tuned):
+    import jinja2
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported_tuned)
+    render = lambda chat: tokenizer.apply_chat_template(chat, tokenize=False)  # noqa: E731
+    parts = [{"role": "user", "content": [{"type": "text", "text": "dog, moon"},
+                                          {"type": "text", "text": "brave"}]}]
+    assert render(parts) == render_request(["dog", "moon", "brave"])  # OpenAI's list of parts
+    refused = {
+        "not a system message: leave the system message out": [
+            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "dog"}],
+        "no user message: give one, with the words as its content": [
+            {"role": "assistant", "content": "Once upon a time"}],
+        "reads text only: a message part of type image_url": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        "the request is longer than this model reads: it reads 32 tokens": [
+            {"role": "user", "content": "dog", "sentence": "A dog ran. " * 1000}],
+    }
+    for said, chat in refused.items():
+        with pytest.raises(jinja2.exceptions.TemplateError, match=said):
+            render(chat)
+
+
 def test_a_chat_pipeline_writes_from_the_request(exported_tuned):
     tell = transformers.pipeline("text-generation", model=str(exported_tuned), device="cpu")
     out = tell([{"role": "user", "content": "dog, moon"}], do_sample=False, max_new_tokens=4)

@@ -54,3 +54,19 @@ def test_the_colab_notebook_runs_top_to_bottom_on_the_cpu(sample_data_dir, tmp_p
 def test_the_notebook_is_committed_without_outputs():
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code")
+
+
+def test_the_install_cell_finds_the_repository_colab_opened_the_notebook_from():
+    import ast
+
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    install = next(c for c in notebook.cells if "def github_repository" in c.source)
+    tree = ast.parse(install.source)
+    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    found = {}
+    exec(compile(ast.Module(body=defs, type_ignores=[]), "install", "exec"), found)
+    path = ("fileId=https%3A%2F%2Fgithub.com%2Fme%2Ftiny-llm%2Fblob%2Fmain%2Fnotebooks%2F"
+            "colab.ipynb")
+    assert found["github_repository"](path) == "https://github.com/me/tiny-llm.git"
+    assert found["github_repository"]("colab.ipynb") is None  # a copy on Drive: set REPO_URL
+    assert "REPO_URL = REPO_URL or github_repository(opened_from())" in install.source

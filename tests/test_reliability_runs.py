@@ -29,7 +29,7 @@ from tiny_llm.generate import complete, printable, stream_sample
 from tiny_llm.gpt import GPT, PRESETS
 from tiny_llm.processes import LOCK_NAME, FolderInUse, hold_run_folder
 from tiny_llm.scale import one_line_per_failure
-from tiny_llm.tokenize import EOT, load_tokenizer
+from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256
 from tiny_llm.train import TrainConfig, train
 
 
@@ -619,3 +619,203 @@ def test_a_lora_rank_wider_than_the_model_is_refused_before_a_step(saved_run, sa
                        "--data-dir", str(sample_data_dir), "--lora-rank", "100000",
                        "--optimizer", "adamw")
     assert not (tmp_path / "ft" / "ckpt.pt").exists()
+
+
+# --- the fourth probe (issue 45): step 18's loop inside step 10's loop shell ------------------
+
+import tiny_llm.reward as reward_module  # noqa: E402
+from tiny_llm.loop_shell import LoopShell  # noqa: E402
+from tiny_llm.reward import RewardConfig, train_reward  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def reward_start(sample_data_dir, tmp_path_factory):
+    """A tiny untrained GPT saved as a checkpoint that says it takes requests."""
+    return save_start(tmp_path_factory.mktemp("start") / "ckpt.pt", sample_data_dir, seed=0)
+
+
+def save_start(path, data_dir, seed):
+    tokenizer_file = data_dir / "tokenizer.json"
+    torch.manual_seed(seed)
+    model = GPT(replace(PRESETS["tiny"], vocab_size=load_tokenizer(tokenizer_file)
+                        .get_vocab_size()))
+    save_checkpoint(path, {"model": model.state_dict(), "config": asdict(model.config),
+                           "step": 30, "tokenizer_sha256": tokenizer_sha256(tokenizer_file),
+                           "data_source": "sample", "train_config": {"requests": "derived"}})
+    return path
+
+
+def reward_flags(start, data_dir, out, *more):
+    return ["--init-from", str(start), "--max-steps", "3", "--time-budget", "0",
+            "--group-size", "2", "--requests-per-step", "1", "--max-new-tokens", "4",
+            "--data-dir", str(data_dir), "--out", str(out), "--device", "cpu", *more]
+
+
+def reward_cfg(start, data_dir, out, **changes):
+    cfg = RewardConfig(init_from=str(start), max_steps=2, time_budget=0, group_size=2,
+                       requests_per_step=1, max_new_tokens=4, data_dir=str(data_dir),
+                       out=str(out), device="cpu")
+    return replace(cfg, **changes)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
+def test_a_stop_signal_in_the_reward_step_finishes_the_update_saves_and_says_so(
+        reward_start, sample_data_dir, tmp_path, monkeypatch, signum):
+    real_step = reward_module.reward_step
+
+    def not_handled(*args):  # what the signal would do unhandled: end the program, unsaved
+        raise AssertionError(f"{signal.Signals(signum).name} was not handled")
+
+    def step_then_signal(*args, **kwargs):
+        signal.raise_signal(signum)
+        return real_step(*args, **kwargs)
+
+    previous = signal.signal(signum, not_handled)
+    try:
+        monkeypatch.setattr(reward_module, "reward_step", step_then_signal)
+        name = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}[signum]
+        with pytest.raises(SystemExit, match=rf"stopped by {name} at step 1, saved .*ckpt.pt; "
+                                             r"continue with:\n  uv run python -m "
+                                             r"tiny_llm.reward --resume --out "):
+            reward_module.main(reward_flags(reward_start, sample_data_dir, tmp_path / "r"))
+        assert signal.getsignal(signum) is not_handled  # put back after the loop
+    finally:
+        signal.signal(signum, previous)
+    assert load_checkpoint(tmp_path / "r" / "ckpt.pt")["step"] == 1  # the update was kept
+
+
+def test_a_reward_resume_refuses_a_start_replaced_or_moved_and_keeps_its_record(
+        reward_start, sample_data_dir, tmp_path):
+    start = shutil.copy(reward_start, tmp_path / "start.pt")
+    cfg = reward_cfg(start, sample_data_dir, tmp_path / "r", max_steps=1)
+    train_reward(cfg)
+    record = load_checkpoint(tmp_path / "r" / "ckpt.pt")["train_config"]
+    save_start(tmp_path / "start.pt", sample_data_dir, seed=1)  # step 17 run again, say
+    with pytest.raises(ValueError, match=r"start.pt is not the file the reward run in .* started "
+                                         r"from: that was sha256 .*; was step 17 run again"):
+        train_reward(replace(cfg, max_steps=2, resume=True))
+    moved = shutil.copy(reward_start, tmp_path / "moved.pt")
+    (tmp_path / "start.pt").unlink()
+    with pytest.raises(FileNotFoundError, match=r"started from .*start.pt, which is not there "
+                                                r"any more: put it back, or pass --init-from"):
+        train_reward(replace(cfg, max_steps=2, resume=True), given={"max_steps", "resume"})
+    records = train_reward(replace(cfg, init_from=str(moved), max_steps=2, resume=True),
+                           given={"init_from", "max_steps", "resume"})  # the same file, moved
+    assert [r["step"] for r in records] == [1, 2]
+    assert load_checkpoint(tmp_path / "r" / "ckpt.pt")["train_config"] == record
+
+
+def test_a_diverging_reward_run_stops_before_the_update_and_keeps_the_good_save(
+        reward_start, sample_data_dir, tmp_path, monkeypatch):
+    real_loss, calls = reward_module.grpo_loss, []
+
+    def nan_at_the_third(*args):
+        loss, kl = real_loss(*args)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) == 3 else loss), kl
+
+    monkeypatch.setattr(reward_module, "grpo_loss", nan_at_the_third)
+    out = tmp_path / "r"
+    with pytest.raises(FloatingPointError, match=r"the training loss became nan at step 3: the "
+                                                 r"run diverged. Try a lower --lr"):
+        train_reward(reward_cfg(reward_start, sample_data_dir, out, max_steps=4,
+                                save_interval=2))
+    saved = load_checkpoint(out / "ckpt.pt")
+    assert saved["step"] == 2 and all(torch.isfinite(w).all() for w in saved["model"].values())
+    shell = LoopShell(TrainConfig(max_steps=2, time_budget=0), [], 0, 1, True)
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight[0, 0] = float("inf")
+    with pytest.raises(FloatingPointError, match="no longer finite numbers after step 7"):
+        shell.check_weights(model, 7)
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--kl-coef", "nan"], "--kl-coef must be a number >= 0 (0: no KL term; the default 0.1 "
+                           "keeps the model near its start): got nan"),
+    (["--kl-coef", "-5"], "--kl-coef must be a number >= 0"),
+    (["--save-interval", "0"], "--save-interval >= 1 update and --max-steps >= 0; got 4, 0, 3"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1 (a story of no tokens"),
+    (["--max-steps", "0"], "give the run a length: --max-steps N, or --time-budget like 10m "
+                           "(got --max-steps 0 and --time-budget 0)"),
+], ids=["kl-nan", "kl-negative", "save-interval-0", "max-new-tokens-0", "no-length"])
+def test_reward_flags_that_cannot_work_are_refused_with_the_value_and_the_fix(
+        reward_start, sample_data_dir, tmp_path, capsys, flags, said):
+    with pytest.raises(SystemExit):
+        reward_module.main(reward_flags(reward_start, sample_data_dir, tmp_path / "r", *flags))
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_reward_plot_and_resume_without_a_reward_run_say_what_is_needed(
+        saved_run, reward_start, sample_data_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit, match=r"error: .*ckpt.pt is not a reward run with updates to "
+                                         r"plot .* pass the --out of a reward run"):
+        reward_module.main(["--out", str(saved_run), "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(SystemExit, match=r"error: no reward run in .*empty \(no ckpt.pt\) to "
+                                         "plot"):
+        reward_module.main(["--out", str(tmp_path / "empty"), "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(SystemExit, match=r"error: no reward run to resume in .*none \(no "
+                                         r"ckpt.pt\): start one with --init-from"):
+        reward_module.main(["--resume", "--out", str(tmp_path / "none")])
+    out = tmp_path / "r"
+    train_reward(reward_cfg(reward_start, sample_data_dir, out, max_steps=1))
+    with pytest.raises(SystemExit, match=r"--resume cannot change what the run in .* fixed: "
+                                         r"--kl-coef 0.5 \(the run has 0.1\)"):
+        reward_module.main(["--resume", "--out", str(out), "--kl-coef", "0.5"])
+    with pytest.raises(SystemExit, match=r"is not a reward run \(no 'reward' entry"):
+        reward_module.main(["--resume", "--out", str(saved_run), "--data-dir",
+                            str(sample_data_dir)])
+
+
+def test_a_reward_run_holds_the_folder_lock_and_watches_for_a_busy_machine(
+        reward_start, sample_data_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(f"{os.getppid()}\n")  # a live process holds it
+    with pytest.raises(FolderInUse, match="is in use by process"):
+        train_reward(reward_cfg(reward_start, sample_data_dir, out))
+    (out / LOCK_NAME).unlink()
+    monkeypatch.setattr(reward_module.LoopShell, "__init__", busy_shell(LoopShell.__init__))
+    records = train_reward(reward_cfg(reward_start, sample_data_dir, out))
+    assert records[1]["busy"].startswith("busy: this run got") and "busy" not in records[0]
+    assert "busy: this run got" in capsys.readouterr().err
+    assert not (out / LOCK_NAME).exists()  # given back at the end
+
+
+def busy_shell(real_init):
+    """LoopShell.__init__, with a busy watch that reports a busy machine at the second step."""
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        calls = []
+        self.watch.step = lambda: calls.append(1) or (
+            "busy: this run got 0.9 of the 2 cores" if len(calls) == 2 else None)
+    return init
+
+
+def test_a_budget_prices_evaluations_from_recent_ones_and_advises_from_a_measured_pace(capsys):
+    from tiny_llm.budget import eval_time
+
+    evals = [{"step": 0, "time_s": 0.0, "eval_s": 16.3}, {"step": 200, "time_s": 30.0,
+             "eval_s": 1.4}, {"step": 400, "time_s": 60.0, "eval_s": 1.5}]
+    assert eval_time(evals) == pytest.approx(1.45)  # step 0's busy first evaluation left out
+    assert eval_time(evals[:1], bound=2.0) == 2.0  # alone, no slower than training batches
+    cfg = TrainConfig(time_budget=1.0, max_steps=0, warmup_steps=100)
+    records = [{"step": 0, "time_s": 0.0, "eval_s": 0.1}, {"step": 1, "time_s": 2.6}]
+    Budget(cfg, [], 0).price(cfg, 1, records)  # the first update, one-off costs and all
+    said = capsys.readouterr().out
+    assert "only 1 update fit in 1 s, before the run's pace could be measured" in said
+    assert "take about --time-budget" not in said  # no minutes priced from a one-off update
+
+
+def test_the_shell_says_the_updates_made_against_the_budgets_first_plan():
+    cfg = TrainConfig(time_budget=10.0, max_steps=0, warmup_steps=1, eval_interval=1000)
+    shell = LoopShell(cfg, [], 0, 1, False)
+    records = [{"step": 0, "time_s": 0.0, "eval_s": 0.0}]
+    for step in range(1, 5):  # 1 s an update: about 10 fit
+        records.append({"step": step, "time_s": float(step)})
+        cfg = shell.after_update(cfg, step, records)
+    assert shell.first_plan == 10 and shell.summary(4) == (
+        "4 made in this run, against a first plan of 10")
+    max_steps_alone = LoopShell(TrainConfig(time_budget=0, max_steps=5), [], 0, 1, False)
+    assert max_steps_alone.summary(5) == ""  # --max-steps set the length: nothing to compare

@@ -105,8 +105,21 @@ def measured_pace(records, since=0):
     steady = times[3:] or times[1:] or times
     pace = max(statistics.median(steady[-PACE_WINDOW:]), statistics.median(steady[-RECENT:]))
     one_off = sum(t - pace for t in times[: len(times) - len(steady)])
-    eval_s = next((r["eval_s"] for r in reversed(records) if "eval_s" in r), 0.0)  # old logs
-    return pace, eval_s, one_off, times[-1]
+    return pace, eval_time(records), one_off, times[-1]
+
+
+def eval_time(records, bound=math.inf):
+    """An evaluation's seconds: the median of the latest three, step 0's left out once a later
+    one is timed (the first pays one-off costs, and on a busy machine it can take ten times as
+    long): evaluations of 16.3 s (step 0), 1.4 s and 1.5 s -> 1.45 s. With step 0's alone, at
+    most `bound` (an evaluation's forward passes cannot take longer than training steps do)."""
+    latest = itertools.islice(((r["step"], r["eval_s"]) for r in reversed(records)
+                               if "eval_s" in r), 4)
+    timed = list(latest)
+    later = [s for step, s in timed if step > 0]
+    if later:
+        return statistics.median(later[:3])
+    return min(timed[0][1], bound) if timed else 0.0  # none in old logs
 
 
 class Budget:
@@ -140,6 +153,9 @@ class Budget:
         pace, eval_s, one_off, last = measured_pace(records, self.since)
         if pace is None:
             return cfg
+        # eval_iters forward passes take no longer than as many training micro-batches
+        bound = getattr(cfg, "eval_iters", math.inf) * pace / getattr(cfg, "grad_accum", 1)
+        eval_s = eval_time(records, bound)
         seconds = records[-1]["time_s"]
         fit = round(self.agree(self.steps_that_fit(cfg, step, seconds, pace, eval_s, last)))
         if self.takes(cfg, step, fit):
@@ -157,7 +173,8 @@ class Budget:
                 say(f"time is up: {seconds:.1f} s of the {cfg.time_budget:g} s budget are spent "
                     f"and the latest step took {last:.1f} s; the run ends at step {step:,}, not "
                     f"{was:,}, with its last evaluation and a save")
-            if fit < USEFUL_STEPS and fit != self.cap and not self.few_said:
+            if fit < getattr(cfg, "useful_steps", USEFUL_STEPS) and fit != self.cap \
+                    and not self.few_said:
                 self.few_said = True
                 self.too_few(cfg, step, seconds, pace, eval_s, fit)
         if self.said and step < self.plan and abs(self.plan - self.said) > SAY_SLACK * self.said \
@@ -200,9 +217,18 @@ class Budget:
         return late or due and abs(fit - self.plan) > REPLAN_SLACK * self.plan
 
     def too_few(self, cfg, step, seconds, pace, eval_s, fit):
-        """Say, before the minutes are spent, that the plan is too short to be of use."""
+        """Say, before the minutes are spent, that the plan is too short to be of use, with the
+        budget that would do, priced from a measured pace: the first three updates pay one-off
+        costs, so with fewer timed after them the line names no minutes."""
+        few = f"only {fit:,} update{'s' * (fit != 1)} fit in {cfg.time_budget:g} s"
+        if step - self.since <= 3:  # no steady update timed yet: a price would be the one-offs'
+            say(f"{few}, before the run's pace could be measured (its first updates pay one-off "
+                f"costs), and a model needs a few hundred to write sentences. Give it a few "
+                "minutes, or pass --time-budget 0 --max-steps N for N updates however long they "
+                "take")
+            return
         need = seconds + (USEFUL_STEPS - step) * (pace + eval_s / cfg.eval_interval) + eval_s
-        say(f"only {fit:,} update{'s' * (fit != 1)} fit in {cfg.time_budget:g} s at this pace, "
+        say(f"{few} at this pace, "
             f"and a model needs a few hundred to write sentences: {USEFUL_STEPS} take about "
             f"--time-budget {math.ceil(need / 60)}m here. Give it that, train when the machine "
             "is quieter, or pass --time-budget 0 --max-steps N for N updates however long they "

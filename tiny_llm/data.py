@@ -21,7 +21,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from tiny_llm.files import atomic_path, check_writable, explain_full_disk, lock_holder, take_lock
+from tiny_llm.files import (  # noqa: I001 (a corpus from outside)
+    atomic_path,
+    check_text_file,
+    check_writable,
+    explain_full_disk,
+    lock_holder,
+    refuse_nul,
+    split_at,
+    take_lock,
+)
 from tiny_llm.paths import DATA_DIR, check_data_dir
 from tiny_llm.prepared import (  # noqa: F401 (FILES and load_meta: for the later steps' imports)
     FILES,
@@ -79,14 +88,16 @@ def corpus_file(path):
 
 
 def file_stories(path):
-    """Stories of a .txt file (EOT lines between them) or 'text' rows of .jsonl/.json/.parquet."""
+    """Stories of a .txt file (EOT between them, on lines of their own or not) or 'text' rows of
+    .jsonl/.json/.parquet."""
     import datasets
     path, reader = corpus_file(path)
+    if reader != "parquet":  # binary, and read by datasets
+        check_text_file(path)
     rows = datasets.load_dataset(reader, data_files=str(path), split="train", streaming=True)
     try:
-        if reader == "text":  # one row per line; a story is a run of lines between two EOT lines
-            runs = itertools.groupby(rows, key=lambda row: row["text"].strip() == EOT)
-            yield from ("\n".join(row["text"] for row in run) for is_eot, run in runs if not is_eot)
+        if reader == "text":  # one row per line; a story is the text between two EOTs
+            yield from refuse_nul(split_at((row["text"] for row in rows), EOT), path)
             return
         for i, row in enumerate(rows, start=1):
             if "text" not in row:
@@ -94,7 +105,7 @@ def file_stories(path):
             if not isinstance(row["text"], str):
                 raise ValueError(f"{path}, row {i}: 'text' is {row['text']!r}, not a story: give "
                                  "every row a string, or remove the row")
-            yield row["text"]
+            yield from refuse_nul([row["text"]], path, i)
     except UnicodeDecodeError as err:  # a binary file, or text saved in another encoding
         raise ValueError(
             f"{path} is not UTF-8 text (byte {err.object[err.start]:#04x} is not UTF-8): text in "

@@ -192,7 +192,8 @@ def save_tokenizer(tokenizer_file, folder, max_len, learned=None):
               "unk_token": EOT, "pad_token": EOT, "padding_side": "left",
               "model_max_length": max_len}
     if learned is not None:
-        config["chat_template"] = chat_template(learned)
+        longest = max(map(len, load_tokenizer(tokenizer_file).get_vocab()))  # a token's bytes
+        config["chat_template"] = chat_template(learned, max_len, longest)
     (Path(folder) / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 

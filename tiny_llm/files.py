@@ -11,6 +11,7 @@ turn the two failures a learner meets on a real disk, no permission and no space
 """
 
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -224,3 +225,58 @@ def atomic_folder(out, marker, writer, kind):
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+def file_sha256(path):
+    """The sha256 hex digest of a file, read in 1 MiB pieces: a fingerprint that tells a file
+    from one put in its place (a run that starts from a checkpoint remembers it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def refuse_nul(stories, path, row=None):
+    """The stories, refusing one with a NUL byte: no text holds one, and a model would learn to
+    write them."""
+    for i, story in enumerate(stories, start=1):
+        if "\x00" in story:
+            where = f"row {row}" if row else f"story {i:,}"
+            raise ValueError(
+                f"{path}, {where}, holds NUL bytes (\\x00), which no text holds: the file is "
+                f"binary, damaged or in UTF-16. If the rest is text, remove them with `tr -d "
+                f"'\\000' < {path.name} > {path.stem}-clean{path.suffix}` and pass the new file")
+        yield story
+
+
+def check_text_file(path):
+    """Refuse, by its first bytes, a text file that is compressed or in UTF-16, naming the
+    command that makes it UTF-8 text."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:2] == b"\x1f\x8b":
+        raise ValueError(f"{path} is compressed with gzip (it starts with the bytes 1f 8b), not "
+                         f"text: unpack it first, `gunzip -c {path.name} > {path.stem}-text"
+                         f"{path.suffix}`, and pass the unpacked file")
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise ValueError(f"{path} is UTF-16 text (it starts with a UTF-16 byte-order mark): "
+                         f"convert it to UTF-8 first, `iconv -f utf-16 -t utf-8 {path.name} > "
+                         f"{path.stem}-utf8{path.suffix}`, and pass the new file")
+
+
+def split_at(lines, marker):
+    """The pieces of a text read line by line, cut at every `marker`, on a line of its own or
+    inside one (a story file of one line: 'A.<|endoftext|>B.' -> 'A.', 'B.'); blank pieces are
+    left out."""
+    piece = []
+    for line in lines:
+        *ended, rest = line.split(marker)
+        for part in ended:
+            text = "\n".join([*piece, part] if part else piece)
+            if text.strip():
+                yield text
+            piece = []
+        if rest or not ended:  # a marker's line adds no blank line of its own
+            piece.append(rest)
+    if "\n".join(piece).strip():
+        yield "\n".join(piece)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tiny_llm.budget import parse_duration
 from tiny_llm.checkpoint import model_class, resumed_config
+from tiny_llm.loop_shell import check_run_length
 from tiny_llm.paths import RUNS_DIR
 from tiny_llm.tuning import check_tuning
 
@@ -38,8 +39,7 @@ def check_config(cfg):
     if cfg.dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got "
                          f"{cfg.dtype!r}")
-    if cfg.max_steps == 0 and not cfg.time_budget > 0:
-        raise ValueError("give the run a length: --max-steps N, or --time-budget like 10m")
+    check_run_length(cfg.max_steps, cfg.time_budget)  # something must end the run
     lowest = {"max_steps": 0, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "seed": 0,
               "eval_interval": 1, "eval_iters": 1, "lr_decay_steps": 0}
     for name, low in lowest.items():
@@ -63,7 +63,8 @@ FIXED_ON_RESUME = ("model", "preset", "dropout", "optimizer", "muon_scale", "qk_
 def check_resume_settings(cfg, saved, path):
     """Raise if cfg changes a setting FIXED_ON_RESUME from what the run saved in `path` holds
     (a setting the config has no field for is the caller's to refuse: resumed_config does)."""
-    fixed_names = FIXED_ON_RESUME + getattr(type(cfg), "fixed_on_resume", ())  # a later step's
+    fixed_names = tuple(name for name in FIXED_ON_RESUME + getattr(type(cfg), "fixed_on_resume",
+                                                                    ()) if hasattr(cfg, name))
     shown = lambda value: "none" if value is None else value  # noqa: E731
     changed = [f"--{name.replace('_', '-')} {shown(getattr(cfg, name))} (the run has "
                f"{shown(saved[name])})" for name in fixed_names
@@ -75,8 +76,8 @@ def check_resume_settings(cfg, saved, path):
         raise ValueError(
             f"--resume cannot change what the run in {path} fixed: {', '.join(changed)}. "
             f"With --resume, leave out {fixed}; it "
-            f"accepts {', '.join(accepted)} and --sample-tokens. To train another model, start "
-            "a new run with another --out")
+            f"accepts {', '.join(accepted)}. To train another model, start a new run with "
+            "another --out")
 
 
 def own_fields_first(config):

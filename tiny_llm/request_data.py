@@ -261,11 +261,32 @@ def instruct_records(source, tokenizer):
 
 # A Jinja chat template: the last user message rendered as step 17's render_request renders
 # its fields ({"role": "user", "words": ["dog"], "features": ["Dialogue"], "sentence": ...}), or
-# a chat's "content" as the words ("dog, moon"); what the model was not taught is refused.
+# a chat's "content" as the words ("dog, moon", or OpenAI's list of {"type": "text"} parts);
+# what the model was not taught is refused, and so are a system message (a request has no place
+# for one), a chat with no user message, and a request longer than the model can read.
 CHAT_TEMPLATE = r"""
-{%- set m = (messages | selectattr("role", "equalto", "user") | list | last) -%}
-{%- set ns = namespace(words=m.words if m.words is defined else []) -%}
-{%- for w in (m.content or "").split(",") if m.words is not defined and w.strip() -%}
+{%- for s in messages if s.role == "system" and s.content -%}
+  {{- raise_exception("this model follows requests (words, features, a sentence), not a system "
+                      ~ "message: leave the system message out") -}}
+{%- endfor -%}
+{%- set users = messages | selectattr("role", "equalto", "user") | list -%}
+{%- if not users -%}
+  {{- raise_exception("no user message: give one, with the words as its content (\"dog, moon\")"
+                      ~ " or as fields (\"words\": [\"dog\", \"moon\"])") -}}
+{%- endif -%}
+{%- set m = users | last -%}
+{%- set ns = namespace(words=m.words if m.words is defined else [], text="") -%}
+{%- if m.content is string or m.content is none -%}
+  {%- set ns.text = m.content or "" -%}
+{%- else -%}
+  {%- for part in m.content -%}
+    {%- if part.type != "text" -%}
+      {{- raise_exception("this model reads text only: a message part of type " ~ part.type) -}}
+    {%- endif -%}
+    {%- set ns.text = ns.text ~ "," ~ part.text -%}
+  {%- endfor -%}
+{%- endif -%}
+{%- for w in ns.text.split(",") if m.words is not defined and w.strip() -%}
   {%- set ns.words = ns.words + [w.strip()] -%}
 {%- endfor -%}
 {%- set features = m.features if m.features is defined else [] -%}
@@ -275,6 +296,11 @@ CHAT_TEMPLATE = r"""
 {%- for key in ["sentence", "summary"] if m[key] and key not in FIELDS_TAUGHT -%}
   {{- raise_exception("this model was not taught a " ~ key) -}}
 {%- endfor -%}
+{%- if ((ns.words | join(", ")) ~ (m.sentence or "") ~ (m.summary or "")) | length > MAX_CHARS -%}
+  {{- raise_exception("the request is longer than this model reads: it reads MAX_TOKENS tokens, "
+                      ~ "and no request over MAX_CHARS characters fits in them; shorten its "
+                      ~ "sentence or its words") -}}
+{%- endif -%}
 {%- macro field(name, value) -%}
   {{- name ~ ": " ~ (value | replace("\n", " ")) ~ "\n" -}}
 {%- endmacro -%}
@@ -286,10 +312,14 @@ CHAT_TEMPLATE = r"""
 """
 
 
-def chat_template(learned):
-    """CHAT_TEMPLATE for a model that learned `learned` (step 17's learned_requests)."""
+def chat_template(learned, max_tokens=None, longest_token=1):
+    """CHAT_TEMPLATE for a model that learned `learned` (step 17's learned_requests) and reads
+    `max_tokens` tokens, none of them longer than `longest_token` characters: a request of more
+    characters than max_tokens · longest_token cannot fit, and is refused before the model."""
+    limit = max_tokens * longest_token if max_tokens else 10**9
     return (CHAT_TEMPLATE.strip().replace("FEATURES_TAUGHT", json.dumps(learned["features"]))
-            .replace("FIELDS_TAUGHT", json.dumps(learned["fields"])))
+            .replace("FIELDS_TAUGHT", json.dumps(learned["fields"]))
+            .replace("MAX_CHARS", str(limit)).replace("MAX_TOKENS", str(max_tokens or "any")))
 
 
 class MixedRows:

@@ -20,19 +20,29 @@ Measure one:    uv run python -m tiny_llm.reward write --checkpoint runs/reward/
 """
 
 import argparse
+import math
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from tiny_llm.budget import parse_duration
-from tiny_llm.checkpoint import class_path, load_checkpoint, model_from_state, save_checkpoint
+from tiny_llm.checkpoint import (
+    check_tokenizer,
+    class_path,
+    load_checkpoint,
+    model_from_state,
+    save_checkpoint,
+)
 from tiny_llm.data import ensure_data, load_token_array
-from tiny_llm.files import save_figure
-from tiny_llm.device import pick_device
+from tiny_llm.device import pick_device, pick_threads
+from tiny_llm.files import file_sha256, save_figure
+from tiny_llm.flags import check_resume_settings
 from tiny_llm.generate import generate
 from tiny_llm.generate import main as write_command
 from tiny_llm.gpt import GPT, GPTConfig
@@ -45,7 +55,9 @@ from tiny_llm.instruct import (
     takes_requests,
 )
 from tiny_llm.kvcache import fresh_cache
+from tiny_llm.loop_shell import LoopShell, check_run_length, refuse_non_finite
 from tiny_llm.paths import DATA_DIR
+from tiny_llm.processes import hold_run_folder
 from tiny_llm.request_data import free_request, measure_line, score_story, uses_word
 from tiny_llm.tokenize import EOT, load_tokenizer
 
@@ -105,10 +117,11 @@ def grpo_loss(model, reference, x, y, advantage, kl_coef):
     return policy + kl_coef * kl_mean, kl_mean.item()
 
 
-def reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot_id=0):
+def reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot_id=0, step=0):
     """One GRPO update on `prompts` (lists of ids): cfg.group_size stories each, scored by
     score(i, story ids) -> [0, 1]. Returns the log's numbers: the mean reward, full (the share
-    of stories that did all they were asked: reward 1) and the KL to the reference."""
+    of stories that did all they were asked: reward 1) and the KL to the reference. A loss
+    that is not finite is refused before the update (`step`: the updates made, for the error)."""
     model.eval()  # no dropout: the log-probabilities are those the stories were drawn from
     rows, rewards = [], []
     for i, prompt in enumerate(prompts):
@@ -121,6 +134,8 @@ def reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot
     x, y = (torch.cat(t).to(device) for t in zip(*rows, strict=True))  # (N·G, T)
     loss, kl = grpo_loss(model, reference, x, y, advantages(rewards).flatten().to(device),
                          cfg.kl_coef)
+    refuse_non_finite(loss.item(), step, f"Try a lower --lr (now {cfg.lr:g}) or a larger "
+                      f"--kl-coef (now {cfg.kl_coef:g})")  # before the update (loop_shell.py)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -132,6 +147,14 @@ def reward_step(model, reference, optimizer, prompts, score, cfg, generator, eot
 @dataclass
 class RewardConfig:
     """A reward run's settings; the checkpoint keeps them, so --resume needs none again."""
+
+    # what --resume may not change (flags.check_resume_settings): the run's updates depend on it
+    fixed_on_resume: ClassVar[tuple] = ("group_size", "requests_per_step", "max_new_tokens",
+                                        "lr", "kl_coef", "free_share", "seed")
+    # what budget.Budget reads of a run: no warmup to fit, no evaluations, no "too few" advice
+    warmup_steps: ClassVar[int] = 0
+    eval_interval: ClassVar[int] = 1
+    useful_steps: ClassVar[int] = 0
 
     init_from: str = ""  # the model to start from: a checkpoint fine-tuned on requests
     out: str = "runs/reward"  # folder of ckpt.pt
@@ -154,6 +177,18 @@ class RewardConfig:
             raise ValueError(f"--group-size must be >= 2 (an advantage needs siblings), "
                              f"--requests-per-step >= 1, --free-share in [0, 1]; got "
                              f"{self.group_size}, {self.requests_per_step}, {self.free_share}")
+        if not 0 <= self.kl_coef < math.inf:  # nan fails every comparison
+            raise ValueError(f"--kl-coef must be a number >= 0 (0: no KL term; the default "
+                             f"0.1 keeps the model near its start): got {self.kl_coef}")
+        if not 0 < self.lr < 1:
+            raise ValueError(f"--lr must be between 0 and 1 (the default 1e-4 suits GRPO): got "
+                             f"{self.lr}")
+        if self.max_new_tokens < 1 or self.save_interval < 1 or self.max_steps < 0:
+            raise ValueError(f"--max-new-tokens must be >= 1 (a story of no tokens teaches "
+                             f"nothing; the default is 96), --save-interval >= 1 update and "
+                             f"--max-steps >= 0; got {self.max_new_tokens}, "
+                             f"{self.save_interval}, {self.max_steps}")
+        check_run_length(self.max_steps, self.time_budget)  # something must end the run
 
 
 def scorer(requests, tokenizer):
@@ -175,32 +210,108 @@ def draw_requests(records, cfg, generator):
 
 def save(path, model, optimizer, generators, step, cfg, start, records):
     """An ordinary checkpoint (generate, evaluate, the studio and export read it) that keeps
-    the starting model's training settings, plus what a reward run resumes from."""
+    the starting model's record (`start`: its tokenizer, data source, training settings, and
+    the start file's fingerprint), plus what a reward run resumes from."""
     save_checkpoint(path, {
         "model": model.state_dict(), "config": asdict(model.config), "step": step,
         "model_class": class_path(model), "tokenizer_sha256": start["tokenizer_sha256"],
-        "data_source": start.get("data_source", "unknown"),
-        "train_config": start.get("train_config", {}),  # what it learned to read: requests
+        "data_source": start["data_source"],
+        "train_config": start["train_config"],  # what it learned to read: requests
         "reward": {"config": asdict(cfg), "optimizer": optimizer.state_dict(),
-                   "generators": [g.get_state() for g in generators], "records": records}})
+                   "generators": [g.get_state() for g in generators], "records": records,
+                   "start": start["fingerprint"]}})
 
 
-def train_reward(cfg):
+def start_record(ckpt, path):
+    """What a reward run keeps of its start: the entries its checkpoint copies, and the start
+    file's fingerprint (sha256 and size), read when the run begins."""
+    return {"tokenizer_sha256": ckpt["tokenizer_sha256"],
+            "data_source": ckpt.get("data_source", "unknown"),
+            "train_config": ckpt.get("train_config", {}),
+            "fingerprint": {"path": str(path), "sha256": file_sha256(path),
+                            "bytes": Path(path).stat().st_size}}
+
+
+def resumed_run(ckpt_path, cfg, given):
+    """(the saved checkpoint, cfg as the run saved it with the flags `given` over it) for
+    --resume; refuses a folder with no reward run and a change to a setting the run fixed.
+    given: the names of the flags given (None: every field of cfg)."""
+    if not ckpt_path.is_file():
+        raise FileNotFoundError(
+            f"no reward run to resume in {ckpt_path.parent} (no ckpt.pt): start one with "
+            f"--init-from a checkpoint fine-tuned on requests (step 17) --out {cfg.out}")
+    saved = load_checkpoint(ckpt_path)
+    if "reward" not in saved:
+        raise ValueError(f"{ckpt_path} is not a reward run (no 'reward' entry; it was saved by "
+                         f"`{saved.get('command', 'tiny_llm.train')}`): pass the --out of a "
+                         "reward run, or start one from it with --init-from")
+    given = {f.name for f in fields(cfg)} if given is None else set(given)
+    settings = {n: getattr(cfg, n) for n in given if n not in ("resume", "out")}
+    merged = replace(RewardConfig(**saved["reward"]["config"]), **settings, resume=True,
+                     out=cfg.out)
+    check_resume_settings(merged, saved["reward"]["config"], ckpt_path)
+    check_tokenizer(saved, merged.data_dir, ckpt_path)  # the data folder it will read
+    return saved, merged
+
+
+def checked_start(cfg, saved):
+    """The start checkpoint, read from cfg.init_from; on --resume, only if it is the very file
+    the run started from (its fingerprint), since the KL term measures from it."""
+    was = saved["reward"].get("start") if saved else None
+    if was and not Path(cfg.init_from).is_file():
+        raise FileNotFoundError(
+            f"the reward run in {cfg.out} started from {cfg.init_from}, which is not there any "
+            f"more: put it back, or pass --init-from where it is now (the same file: sha256 "
+            f"{was['sha256'][:12]}..., {was['bytes']:,} bytes)")
+    start = load_checkpoint(cfg.init_from, data_dir=cfg.data_dir)
+    record = start_record(start, cfg.init_from)
+    now = record["fingerprint"]
+    if was and now["sha256"] != was["sha256"]:
+        raise ValueError(
+            f"{cfg.init_from} is not the file the reward run in {cfg.out} started from: that "
+            f"was sha256 {was['sha256'][:12]}... ({was['bytes']:,} bytes, {was['path']}), this "
+            f"is sha256 {now['sha256'][:12]}... ({now['bytes']:,} bytes); was step 17 run again "
+            "into its folder? The KL term measures from the start, so a resumed run needs the "
+            "same one: put the old file back and pass it with --init-from, or start a new "
+            "reward run with another --out")
+    if saved:  # the record the run began with, never rewritten from a file read later
+        record = {"tokenizer_sha256": saved["tokenizer_sha256"],
+                  "data_source": saved.get("data_source", "unknown"),
+                  "train_config": saved.get("train_config", {}), "fingerprint": was or now}
+    return start, record
+
+
+def train_reward(cfg, given=None):
     """Run (or with cfg.resume, continue) GRPO from cfg.init_from; returns the log records."""
+    return run_reward(cfg, given)[0]
+
+
+def run_reward(cfg, given=None):
+    """train_reward, with what the command says at the end: (records, {"interrupted": the
+    signal that stopped it or None, "plan": the updates made against the budget's plan}).
+    The run holds its folder's lock throughout (processes.py), as step 10's runs do."""
+    with hold_run_folder(Path(cfg.out)):
+        return reward_in_folder(cfg, given)
+
+
+def reward_in_folder(cfg, given):
+    """run_reward, once the folder is ours: set up, then update inside step 10's loop shell
+    (loop_shell.py: stop signals, the busy watch, the budget, finite weights)."""
     ckpt_path = Path(cfg.out) / "ckpt.pt"
-    saved = load_checkpoint(ckpt_path, data_dir=cfg.data_dir) if cfg.resume else None
-    if saved is None and ckpt_path.exists():
+    saved = None
+    if cfg.resume:
+        saved, cfg = resumed_run(ckpt_path, cfg, given)
+    elif ckpt_path.exists():
         raise FileExistsError(f"{ckpt_path} already holds a run: continue it with --resume, "
                               "or pass another --out")
-    if saved:
-        cfg = replace(RewardConfig(**saved["reward"]["config"]), max_steps=cfg.max_steps or
-                      saved["reward"]["config"]["max_steps"], resume=True)
-    start = load_checkpoint(cfg.init_from, data_dir=cfg.data_dir)
+    start, record = checked_start(cfg, saved)
     if not takes_requests(start):
         print(f"note: {cfg.init_from} was not trained on requests: GRPO starts from the stories "
               "it writes zero-shot, which rarely use a requested word", file=sys.stderr)
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
+    threads, why = pick_threads()
+    print(f"{'threads':<12} {threads} ({why})", file=sys.stderr)
     model = model_from_state(saved or start).to(device)
     reference = model_from_state(start).to(device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -215,28 +326,35 @@ def train_reward(cfg):
     tokenizer = load_tokenizer(Path(cfg.data_dir) / "tokenizer.json")
     ensure_data(Path(cfg.data_dir))  # the first million tokens (5,000 stories) ask enough
     stories = load_token_array(Path(cfg.data_dir) / "train.bin")[:1_000_000]
-    words = start.get("train_config", {}).get("request_words", "any")  # as it learned them
+    words = record["train_config"].get("request_words", "any")  # as it learned them
     records_of_stories = derived_records(stories, tokenizer, model.config.max_seq_len, cfg.seed,
                                          words)
     eot_id = tokenizer.token_to_id(EOT)
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)
-    step, last_s = len(records), 0.0
-    while not cfg.max_steps or step < cfg.max_steps:
-        if cfg.time_budget and time.perf_counter() - clock + last_s > cfg.time_budget:
-            break  # the next update would end after the budget
-        t0 = time.perf_counter()
-        requests = draw_requests(records_of_stories, cfg, generator)
-        prompts = [tokenizer.encode(render_request(**r)).ids for r in requests]
-        score = scorer(requests, tokenizer)
-        log = reward_step(model, reference, optimizer, prompts, score, cfg, sampler, eot_id)
-        step, last_s = step + 1, time.perf_counter() - t0
-        records.append({"step": step, **log, "time_s": time.perf_counter() - clock})
-        print(f"{'step ' + str(step):<12} reward {log['reward']:.3f}  full {log['full']:.2f}  "
-              f"kl {log['kl']:.4f}", flush=True)
-        if step % cfg.save_interval == 0:
-            save(ckpt_path, model, optimizer, (generator, sampler), step, cfg, start, records)
-    save(ckpt_path, model, optimizer, (generator, sampler), step, cfg, start, records)
-    return records
+    step = saved_at = len(records)
+    shell = LoopShell(cfg, records, step, threads, device.type == "cpu")
+    with shell.running() as stop:
+        while step < shell.end(cfg):
+            requests = draw_requests(records_of_stories, cfg, generator)
+            prompts = [tokenizer.encode(render_request(**r)).ids for r in requests]
+            score = scorer(requests, tokenizer)
+            log = reward_step(model, reference, optimizer, prompts, score, cfg, sampler, eot_id,
+                              step)
+            step += 1
+            records.append({"step": step, **log, "time_s": time.perf_counter() - clock})
+            print(f"{'step ' + str(step):<12} reward {log['reward']:.3f}  full {log['full']:.2f}  "
+                  f"kl {log['kl']:.4f}", flush=True)
+            cfg = shell.after_update(cfg, step, records)  # the busy watch, the budget's plan
+            if step % cfg.save_interval == 0 or step >= shell.end(cfg) or stop.is_set():
+                shell.check_weights(model, step)  # never a diverged model over a good save
+                save(ckpt_path, model, optimizer, (generator, sampler), step, cfg, record,
+                     records)
+                saved_at = step
+            if stop.is_set():  # the update is finished and saved: stop here
+                break
+    if saved_at != step or not ckpt_path.exists():  # a run that made no update still saves
+        save(ckpt_path, model, optimizer, (generator, sampler), step, cfg, record, records)
+    return records, {"interrupted": stop.reason, "plan": shell.summary(step)}
 
 
 def toy_run(steps=60, kl_coef=0.05, seed=0):
@@ -350,22 +468,42 @@ class RewardWriting(RequestWriting):
 
 
 def parse_args(argv):
-    """RewardConfig from the command line: every field is a flag (--time-budget 5m)."""
-    parser = argparse.ArgumentParser(description="Step 18: GRPO on requests.")
+    """(RewardConfig, the names of the flags given) from the command line: every field is a
+    flag (--time-budget 5m); --resume takes the saved run's settings for those not given."""
+    parser = argparse.ArgumentParser(description="Step 18: GRPO on requests.",
+                                     argument_default=argparse.SUPPRESS)
     for f in fields(RewardConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type is bool or isinstance(f.default, bool):
             parser.add_argument(flag, action="store_true")
         else:
             kind = {"time_budget": parse_duration, "device": str}.get(f.name, type(f.default))
-            parser.add_argument(flag, type=kind, default=f.default)
-    args = parser.parse_args(argv)
-    if not args.init_from and not args.resume:
+            parser.add_argument(flag, type=kind, help=f"default: {f.default}")
+    given = vars(parser.parse_args(argv))
+    if not given.get("init_from") and not given.get("resume"):
         parser.error("--init-from a checkpoint fine-tuned on requests (step 17) is needed")
     try:
-        return RewardConfig(**vars(args))
+        return RewardConfig(**given), set(given)
     except ValueError as err:
         parser.error(str(err))
+
+
+def plot_command(argv):
+    """--out RUN --plot PNG: draw a reward run's curve."""
+    plot = argparse.ArgumentParser(description="Draw a reward run's curve.")
+    plot.add_argument("--out", default=RewardConfig.out)
+    plot.add_argument("--plot", type=Path, required=True)
+    args = plot.parse_args(argv)
+    path = Path(args.out) / "ckpt.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"no reward run in {args.out} (no ckpt.pt) to plot: pass the "
+                                "--out of a reward run")
+    ckpt = load_checkpoint(path)
+    if not ckpt.get("reward", {}).get("records"):
+        raise ValueError(f"{path} is not a reward run with updates to plot (it has no reward "
+                         "log: step 10 and 17 runs have their own, drawn by uv run python -m "
+                         "tiny_llm.evaluate --plot): pass the --out of a reward run")
+    print(f"{'saved':<12} {plot_rewards(ckpt['reward']['records'], args.plot)}")
 
 
 def main(argv=None):
@@ -374,20 +512,24 @@ def main(argv=None):
         return check()
     if argv[0] == "write":  # a story for a request, measured with --measure
         return write_command(argv[1:], RewardWriting())
-    if "--plot" in argv:  # --out RUN --plot PNG: draw the run's reward curve
-        plot = argparse.ArgumentParser(description="Draw a reward run's curve.")
-        plot.add_argument("--out", default=RewardConfig.out)
-        plot.add_argument("--plot", type=Path, required=True)
-        args = plot.parse_args(argv)
-        ckpt = load_checkpoint(Path(args.out) / "ckpt.pt")
-        print(f"{'saved':<12} {plot_rewards(ckpt['reward']['records'], args.plot)}")
-        return
-    cfg = parse_args(argv)
     try:
-        records = train_reward(cfg)
-    except (OSError, ValueError) as err:
+        if "--plot" in argv:
+            return plot_command(argv)
+        cfg, given = parse_args(argv)
+        records, run = run_reward(cfg, given)
+    except (OSError, ValueError, FloatingPointError) as err:  # OSError: files, folders, disks
         raise SystemExit(f"error: {err}") from None
-    print(f"{'saved':<12} {Path(cfg.out) / 'ckpt.pt'} (step {len(records)})")
+    except KeyboardInterrupt:  # before the loop, or a second Ctrl-C
+        raise SystemExit("interrupted at once: nothing new was saved (a checkpoint saved "
+                         "before, if any, is whole)") from None
+    path = Path(cfg.out) / "ckpt.pt"
+    if run["interrupted"]:
+        raise SystemExit(f"stopped by {run['interrupted']} at step {len(records)}, saved {path}; "
+                         f"continue with:\n  uv run python -m tiny_llm.reward --resume --out "
+                         f"{shlex.quote(cfg.out)}")
+    print(f"{'saved':<12} {path} (step {len(records)})")
+    if run["plan"]:  # a budgeted run: the updates it made against its plan
+        print(f"{'updates':<12} {run['plan']}")
 
 
 if __name__ == "__main__":

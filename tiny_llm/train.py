@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 from tqdm import tqdm
 
-from tiny_llm.budget import Budget, pace_steps
+from tiny_llm.budget import pace_steps
 from tiny_llm.checkpoint import (
     explain_failed_save,
     load_checkpoint,
@@ -28,11 +28,9 @@ from tiny_llm.checkpoint import (
     model_from_state,
     resume_run,
     save_run,
-    stop_on_ctrl_c,
 )
 from tiny_llm.data import ensure_data, get_batch, load_meta, load_token_array
 from tiny_llm.device import (
-    BusyWatch,
     autocast,
     check_batch_fits,
     fast_float32_matmuls,
@@ -50,6 +48,7 @@ from tiny_llm.flags import (
     resume_command,
 )
 from tiny_llm.generate import story_from_checkpoint
+from tiny_llm.loop_shell import LoopShell, refuse_non_finite
 from tiny_llm.loss import mean_loss
 from tiny_llm.muon import muon_adamw, muon_momentum
 from tiny_llm.paths import DATA_DIR, RUNS_DIR
@@ -205,11 +204,8 @@ def update_weights(model, optimizer, data, cfg, device, generator, lr, step, par
         if group.get("muon") and cfg.momentum_warmup:  # a lighter momentum while Muon starts
             group["momentum"] = muon_momentum(step, cfg.momentum_warmup)
     loss = accumulate_gradients(model, data, cfg, device, generator, parallel, scaler)
-    if not math.isfinite(loss):  # checked before the step, so the weights stay finite
-        raise FloatingPointError(
-            f"the training loss became {loss} at step {step + 1} (lr {lr:.2e}, dtype {cfg.dtype}):"
-            f" the run diverged. Try a lower --lr (now {cfg.lr}) or --dtype float32; the last "
-            "checkpoint saved, if any, still holds the weights from before")
+    refuse_non_finite(loss, step, f"Try a lower --lr (now {cfg.lr}) or --dtype float32",
+                      f" (lr {lr:.2e}, dtype {cfg.dtype})")  # before the step: weights stay finite
     scaler.unscale_(optimizer)  # float16: the true gradients, before clipping (else a no-op)
     if cfg.grad_clip > 0:  # one unlucky batch cannot throw the weights far
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -299,17 +295,17 @@ def train_in_folder(cfg, parallel, hooks):
     if parallel.rank == 0:  # standard error: machine facts, like the progress bar
         print(f"{'threads':<12} {threads} ({why}), dtype {resolve_dtype(device, cfg.dtype)}",
               file=sys.stderr)
-    watch = BusyWatch(threads, device.type == "cpu")
     check_batch_fits(gpt.config, cfg.batch_size, cfg.grad_accum, device)  # before any step
     clock = time.perf_counter() - (records[-1]["time_s"] if records else 0.0)  # on after resume
     note_at = PROGRESS_EVERY_S + (records[-1]["time_s"] if records else 0.0)
-    budget = Budget(cfg, records, step, agree=parallel.mean)  # priced after every update
+    shell = LoopShell(cfg, records, step, threads, device.type == "cpu",  # loop_shell.py
+                      parallel.rank, parallel.mean)
     bar = tqdm(total=cfg.max_steps or None, initial=step,  # stderr, terminals only, rank 0
                disable=None if parallel.rank == 0 else True)
-    with stop_on_ctrl_c() as stop, kept_memory(device.type == "cpu"):  # step 13 explains it
+    with shell.running() as stop, kept_memory(device.type == "cpu"):  # step 13 explains it
         if step == 0:  # the untrained model's losses, printed as an evaluation
             records.append(first_record(gpt, train_data, valid_data, cfg, device))
-        while step < budget.end(cfg):
+        while step < shell.end(cfg):
             decay_steps = cfg.lr_decay_steps or cfg.max_steps
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps, cfg.cooldown)
             t0 = time.perf_counter()
@@ -319,23 +315,21 @@ def train_in_folder(cfg, parallel, hooks):
             records.append({"step": step, "train_loss": loss, "lr": lr, "tokens": step *
                             tokens_per_step, "time_s": time.perf_counter() - clock,
                             "tokens_per_s": tokens_per_step / (time.perf_counter() - t0)})
-            if warning := watch.step():  # a busy machine: fewer threads, or a warning
-                records[-1]["busy"] = warning  # in the log; the budget's pace starts again
-                if parallel.rank == 0:
-                    tqdm.write(warning, file=sys.stderr)
-            cfg = budget.price(cfg, step, records)  # the plan, as max_steps (budget.py)
+            cfg = shell.after_update(cfg, step, records)  # the busy watch, the budget's plan
             note_at = show_progress(bar, records[-1], cfg.max_steps, note_at, parallel.rank)
-            evaluate = step % cfg.eval_interval == 0 or step == budget.end(cfg)
+            evaluate = step % cfg.eval_interval == 0 or step == shell.end(cfg)
             if evaluate:
                 add_evaluation(records[-1], gpt, valid_data, cfg, device)
             if evaluate or stop.is_set():
+                shell.check_weights(model, step)  # never a diverged model over a good save
                 with explain_failed_save(ckpt_path, step, resume_command(cfg)):
                     save_run(ckpt_path, model, optimizer, data_gen, step, cfg, meta, records,
                              parallel, scaler, hooks.saved)
             if stop.is_set():  # Ctrl-C: the step is finished and saved, so stop here
                 break
     bar.close()
-    return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.reason}
+    return {**records[-1], "checkpoint": str(ckpt_path), "interrupted": stop.reason,
+            "plan": shell.summary(step)}
 
 
 def add_evaluation(record, model, valid_data, cfg, device):
@@ -363,6 +357,8 @@ def main(config_class=TrainConfig, hooks=None):
         print(f"{'saved':<12} {result['checkpoint']} (step {result['step']})")
         print(f"{'time':<12} {result['time_s']:.1f} s, "
               f"{result['tokens'] / max(result['time_s'], 1e-9):,.0f} tokens/s with evaluations")
+        if result["plan"]:  # a budgeted run: the updates it made against its plan
+            print(f"{'updates':<12} {result['plan']}")
         if sample_tokens > 0:  # what tiny_llm.generate --checkpoint ... --seed prints
             story = story_from_checkpoint(result["checkpoint"], sample_tokens, cfg.seed,
                                           pick_device(cfg.device), cfg.data_dir)
