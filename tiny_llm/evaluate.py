@@ -12,6 +12,7 @@ Run the check:  uv run python -m tiny_llm.evaluate --checkpoint runs/tiny/ckpt.p
 
 import argparse
 import math
+import re
 import threading
 from pathlib import Path
 
@@ -63,6 +64,37 @@ def samples(model, tokenizer, n, seed, max_new_tokens=40, prompt="Once upon a ti
     idx = torch.tensor([tokenizer.encode(prompt).ids], device=device)
     return [tokenizer.decode(generate(model, idx, max_new_tokens, generator=generator,
                                       **DEFAULTS)[0].tolist()) for _ in range(n)]
+
+
+def ngrams(words, n):
+    """The word n-grams of a list of words, in order: (a b c), n=2 -> [(a, b), (b, c)]."""
+    return list(zip(*(words[i:] for i in range(n)), strict=False))
+
+
+def repeated_share(items):
+    """The share of items equal to one before them: [a, b, a, a] -> 0.5; [] -> 0.0."""
+    return (len(items) - len(set(items))) / len(items) if items else 0.0
+
+
+def story_grades(text):
+    """Grades that need no judge, each in [0, 1]: the share of word 4-grams and of sentences
+    that repeat an earlier one (a loop scores high), and distinct-1 and distinct-2, the share
+    of words and word pairs that differ (a loop scores low).
+    'The cat sat. The cat sat. The cat sat.' -> repeated sentences 0.67, distinct-1 0.33"""
+    words = re.findall(r"[a-z']+", text.lower())
+    sentences = [s.strip().lower() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
+    return {"repeated_4grams": repeated_share(ngrams(words, 4)),
+            "repeated_sentences": repeated_share(sentences),
+            "distinct_1": 1 - repeated_share(words) if words else 0.0,
+            "distinct_2": 1 - repeated_share(ngrams(words, 2)) if len(words) > 1 else 0.0}
+
+
+def mean_spread(values):
+    """(mean, standard deviation) of a list of numbers; (nan, nan) for none."""
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
 def parse_args():

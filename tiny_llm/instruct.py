@@ -25,6 +25,7 @@ Ask for one:    uv run python -m tiny_llm.instruct write --checkpoint runs/reque
 """
 
 import argparse
+import importlib
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -307,6 +308,18 @@ class RequestHooks(TrainHooks):
         return model_state, {}
 
 
+# Steers a later step lends the write command and the studio, by name: step 17 never imports
+# step 18 (the checkpoint's model table works the same way).
+STEERS = {"boost": ("tiny_llm.reward", "WordBoost")}
+
+
+def steer_class(name):
+    """The class of a steer in STEERS: "boost" -> step 18's WordBoost(tokenizer, words,
+    strength, prompt_length)."""
+    module, attr = STEERS[name]
+    return getattr(importlib.import_module(module), attr)
+
+
 class RequestWriting(WriteHooks):
     """Step 09's generate command with a request in place of the prompt, and step 12's cache."""
 
@@ -314,8 +327,13 @@ class RequestWriting(WriteHooks):
         parser.add_argument("--words", default="", help="a request's words: dog,moon,brave")
         parser.add_argument("--features", default="", help="Dialogue, Twist, ...")
         parser.add_argument("--sentence", default=None, help="a sentence the story must hold")
+        parser.add_argument("--boost", type=float, default=0.0, help="lean the sampler towards "
+                            "--words not used yet by this much (3; step 18's word boost)")
 
     def prompt(self, args):
+        if (args.boost and not args.words) or not 0 <= args.boost <= 20:
+            raise ValueError(f"--boost leans the sampler towards --words, by 0 to 20 (3 is "
+                             f"plenty): got --boost {args.boost} with --words {args.words!r}")
         if not (args.words or args.features or args.sentence):
             return args.prompt
         if args.prompt is not None:
@@ -324,7 +342,16 @@ class RequestWriting(WriteHooks):
         split = lambda text: tuple(w.strip() for w in text.split(",") if w.strip())  # noqa: E731
         args.request = {"words": split(args.words), "features": split(args.features),
                         "sentence": args.sentence}
+        if args.words and not args.request["words"]:
+            raise ValueError(f"--words {args.words!r} names no word: give words separated by "
+                             "commas, --words dog,moon,brave")
         return render_request(**args.request)
+
+    def steer(self, args, tokenizer):
+        if not args.boost:
+            return None
+        return steer_class("boost")(tokenizer, args.request["words"], args.boost,
+                                    len(tokenizer.encode(args.prompt).ids))
 
     def cache(self, model):
         return fresh_cache(model)
