@@ -12,6 +12,7 @@ Run the check:  uv run python -m tiny_llm.evaluate --checkpoint runs/tiny/ckpt.p
 
 import argparse
 import math
+import os
 import re
 import threading
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from tiny_llm.checkpoint import model_from_checkpoint, read_log  # read_log: log.jsonl's records
 from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import pick_device
-from tiny_llm.files import check_writable, save_figure
+from tiny_llm.files import atomic_path, check_writable, save_figure
 from tiny_llm.generate import DEFAULTS, generate
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.paths import DATA_DIR
@@ -97,9 +98,170 @@ def mean_spread(values):
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
+# ----- a judge: another model grades the stories (any OpenAI-compatible chat endpoint) -----
+
+RUBRIC = ("A young student wrote the story below; it begins with the prompt {prompt!r}. Grade "
+          "the story from 1 (poor) to 10 (excellent) on four things: grammar; creativity; "
+          "consistency, with its beginning and with itself; plot, whether it makes sense and "
+          "ends. Answer with JSON only, no other words: "
+          '{{"grammar": N, "creativity": N, "consistency": N, "plot": N}}\n\nStory:\n{story}')
+GRADES = ("grammar", "creativity", "consistency", "plot")
+START_ONE = ("start one: `ollama serve` (then `ollama pull qwen2.5:1.5b` and --judge-model "
+             "qwen2.5:1.5b), llama.cpp's `llama-server -m MODEL.gguf --port 8080`, or the "
+             "course's studio (`python -m tiny_llm.studio`), and pass the address it prints")
+
+
+def judge_request(model, prompt, story, seed):
+    """The chat request that asks `model` to grade one story: the rubric, temperature 0, a
+    seed, and JSON asked for twice (in words, and response_format where a server knows it)."""
+    return {"model": model, "temperature": 0, "seed": seed,
+            "response_format": {"type": "json_object"},
+            "messages": [{"role": "user", "content": RUBRIC.format(prompt=prompt, story=story)}]}
+
+
+def ask_judge(url, body, key=None, timeout=120):
+    """POST body to url's /v1/chat/completions (stdlib urllib); the answer's text. Errors say
+    what to do: nothing listening, an HTTP error with the server's words, a timeout."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    endpoint = url.rstrip("/").removesuffix("/v1") + "/v1/chat/completions"
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"}
+                                                      if key else {})}
+    request = urllib.request.Request(endpoint, json.dumps(body).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            answer = json.load(response)
+    except urllib.error.HTTPError as err:
+        words = err.read().decode("utf-8", "replace")[:300]
+        raise ValueError(f"the judge at {endpoint} answered HTTP {err.code}: {words} (is "
+                         f"--judge-model {body['model']!r} a model it serves?)") from None
+    except TimeoutError:
+        raise ValueError(f"the judge at {endpoint} gave no answer in {timeout} s: a large "
+                         "model on a CPU is slow; try a smaller --judge-model") from None
+    except urllib.error.URLError as err:
+        if isinstance(err.reason, TimeoutError):
+            raise ValueError(f"the judge at {endpoint} gave no answer in {timeout} s") from None
+        raise ValueError(f"cannot reach a judge at {endpoint} ({err.reason}): {START_ONE}"
+                         ) from None
+    try:
+        return answer["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"the judge at {endpoint} answered no chat completion: "
+                         f"{str(answer)[:200]}") from None
+
+
+def read_grades(answer):
+    """The four grades in a judge's answer, or None if it holds no JSON object with each as a
+    whole number from 1 to 10. 'Sure! {"grammar": 7, ...}' -> {"grammar": 7, ...}."""
+    import json
+
+    found = re.search(r"\{.*\}", answer, re.DOTALL)
+    try:
+        grades = json.loads(found.group()) if found else None
+    except ValueError:
+        return None
+    if not isinstance(grades, dict):
+        return None
+    grades = {k: grades.get(k) for k in GRADES}
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10
+             for v in grades.values())
+    return grades if ok else None
+
+
+class JudgeRecord:
+    """Every request sent to a judge and its answer, one JSON line each, keyed by a hash of the
+    request: a rerun asks nothing already answered, and a reader can audit every grade."""
+
+    def __init__(self, path):
+        import json
+
+        self.path, self.answers = Path(path), {}
+        if self.path.is_file():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                entry = json.loads(line)
+                self.answers[entry["key"]] = entry
+
+    def grade(self, url, body, key=None):
+        """(grades or None, the answer's text): from the record, else from the judge."""
+        import hashlib
+        import json
+
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+        if digest not in self.answers:
+            self.answers[digest] = {"key": digest, "request": body,
+                                    "answer": ask_judge(url, body, key)}
+            with atomic_path(self.path) as tmp:  # the whole file, never half a line
+                tmp.write_text("".join(json.dumps(e) + "\n" for e in self.answers.values()),
+                               encoding="utf-8")
+        answer = self.answers[digest]["answer"]
+        return read_grades(answer), answer
+
+
+# A later step lends its own prompts by name, as the checkpoint's model table does: step 17's
+# requests (a story for a request, graded on the words it used). Step 11 never imports it.
+PROMPT_MAKERS = [("tiny_llm.instruct", "graded_requests")]
+
+
+def story_prompts(ckpt, n, seed):
+    """n (prompt, grade(story) -> {name: number} or None): a later step's, where one knows
+    this checkpoint, else "Once upon a time" with no extra grades."""
+    import importlib
+    import importlib.util
+
+    for module, attr in PROMPT_MAKERS:
+        if importlib.util.find_spec(module) is not None:
+            made = getattr(importlib.import_module(module), attr)(ckpt, n, seed)
+            if made:
+                return made
+    return [("Once upon a time", None)] * n
+
+
+def graded_stories(model, ckpt, tokenizer, n, seed, max_new_tokens):
+    """n stories (without their prompts) for the grades, from one seeded generator, and each
+    story's grades: story_grades' and a later step's (words used)."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    for prompt, extra in story_prompts(ckpt, n, seed):
+        idx = torch.tensor([tokenizer.encode(prompt).ids], device=device)
+        out = generate(model, idx, max_new_tokens, generator=generator, **DEFAULTS)
+        story = tokenizer.decode(out[0, idx.shape[1]:].tolist())
+        rows.append((prompt, story, {**story_grades(story), **(extra(story) if extra else {})}))
+    return rows
+
+
+def grades_table(graded, judged):
+    """Print one row per checkpoint: each grade's mean ± spread over its stories; with a judge,
+    its four grades and the answers it gave that could not be read (counted, then shown)."""
+    names = list(next(iter(graded.values()))[0][2])
+    heads = names + (list(GRADES) + ["unreadable"] if judged else [])
+    labels = [h.replace("repeated_", "repeated ").replace("_", "-") for h in heads]
+    print(f"{'grades':<16} " + " ".join(f"{h:>18}" for h in labels))
+    for name, rows in graded.items():
+        cells = []
+        for key in names:
+            mean, spread = mean_spread([r[2][key] for r in rows if r[2].get(key) is not None])
+            cells.append(f"{mean:.2f} ± {spread:.2f}")
+        if judged:
+            marks = judged[name]
+            read = [g for g, _ in marks if g is not None]
+            for key in GRADES:
+                mean, spread = mean_spread([g[key] for g in read])
+                cells.append(f"{mean:.2f} ± {spread:.2f}")
+            cells.append(f"{len(marks) - len(read)} of {len(marks)}")
+        print(f"{name:<16} " + " ".join(f"{c:>18}" for c in cells))
+    for name, marks in (judged or {}).items():
+        for i, (grades, answer) in enumerate(marks, start=1):
+            if grades is None:
+                print(f"{'unreadable':<16} {name}, story {i}: {answer[:100]!r}")
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description="Step 11: score a checkpoint on valid.bin.")
-    parser.add_argument("--checkpoint", type=Path, required=True, help="e.g. runs/small/ckpt.pt")
+    parser.add_argument("--checkpoint", type=Path, required=True, action="append",
+                        help="e.g. runs/small/ckpt.pt; several are graded side by side")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help=f"default: {DATA_DIR}")
     parser.add_argument("--max-batches", type=int, default=None,
                         help="score only this many batches (default: all of valid.bin)")
@@ -115,7 +277,26 @@ def parse_args():
     parser.add_argument("--samples", type=int, default=2, help="stories to print")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    parser.add_argument("--stories", type=int, default=4,
+                        help="stories written for the grades (the same prompts and seed for each)")
+    parser.add_argument("--story-tokens", type=int, default=100, help="the longest one")
+    parser.add_argument("--judge", default=None, help="an OpenAI-compatible server that grades "
+                        "the stories: http://127.0.0.1:11434 (Ollama), :8080 (llama-server)")
+    parser.add_argument("--judge-model", default=None, help="the judge's model: qwen2.5:1.5b")
+    parser.add_argument("--judge-key-env", default=None,
+                        help="the environment variable that holds the judge's API key, if any")
+    parser.add_argument("--judge-dir", type=Path, default=None, help="where judge.jsonl keeps "
+                        "every request and answer (default: beside each checkpoint)")
     args = parser.parse_args()
+    if args.judge and not args.judge_model:
+        parser.error("--judge needs --judge-model, the name of a model it serves "
+                     "(`ollama list` shows yours)")
+    if args.stories < 0 or args.story_tokens < 1:
+        parser.error(f"--stories must be >= 0 and --story-tokens >= 1, got {args.stories} and "
+                     f"{args.story_tokens}")
+    if args.judge_key_env and not os.environ.get(args.judge_key_env):
+        parser.error(f"--judge-key-env {args.judge_key_env}: that environment variable is "
+                     "not set (export it first)")
     for name in ("max_batches", "batch_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -173,6 +354,25 @@ def report(args):
     for i, text in enumerate(samples(model, tokenizer, args.samples, args.seed), start=1):
         print(f"{f'sample {i}':<16} {text!r}")
     draw_pictures(args, model, tokenizer, log)
+    return model, ckpt, tokenizer
+
+
+def grade(args, checkpoints):
+    """The grades of every checkpoint (a path -> (model, ckpt, tokenizer)), side by side: the
+    same prompts and seed for each; with --judge, graded by it too."""
+    graded, judged = {}, {}
+    key = os.environ.get(args.judge_key_env) if args.judge_key_env else None
+    for path, (model, ckpt, tokenizer) in checkpoints.items():
+        name = path.parent.name or str(path)
+        rows = graded[name] = graded_stories(model, ckpt, tokenizer, args.stories, args.seed,
+                                             args.story_tokens)
+        if args.judge:
+            record = JudgeRecord((args.judge_dir or path.parent) / "judge.jsonl")
+            judged[name] = [record.grade(args.judge, judge_request(
+                args.judge_model, prompt, story, args.seed), key) for prompt, story, _ in rows]
+    print(f"{'stories':<16} {args.stories} for each checkpoint, up to {args.story_tokens} "
+          f"tokens, seed {args.seed}" + (f", graded by {args.judge_model}" if args.judge else ""))
+    grades_table(graded, judged)
 
 
 SENTENCE = "Lily had a red ball. She gave the ball to her little brother, and he smiled."
@@ -272,7 +472,11 @@ def draw_pictures(args, model, tokenizer, log):
 def main():
     args = parse_args()
     try:
-        report(args)
+        checkpoints = {}
+        for path in args.checkpoint:
+            checkpoints[path] = report(argparse.Namespace(**{**vars(args), "checkpoint": path}))
+        if args.stories:
+            grade(args, checkpoints)
     except (OSError, ValueError) as err:  # OSError: a missing file, a folder not writable
         raise SystemExit(f"error: {err}") from None
 

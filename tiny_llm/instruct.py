@@ -49,11 +49,14 @@ from tiny_llm.request_data import (  # noqa: F401 (FIELDS, parse_record: step 17
     MixedRows,
     check_request,
     derived_records,
+    free_request,
+    in_a_sentence,
     instruct_records,
     learned_requests,
     parse_record,
     score_story,
     takes_requests,
+    uses_word,
 )
 from tiny_llm.scale import main as ranks_command
 from tiny_llm.tokenize import EOT, load_tokenizer
@@ -231,6 +234,23 @@ def measure(model, tokenizer, requests, max_new_tokens=200, seed=0, plain=False)
         stories.append(story)
     means = {k: [s[k] for s in scores if s[k] is not None] for k in scores[0]}
     return {k: sum(v) / len(v) if v else None for k, v in means.items()}, stories
+
+
+def graded_requests(ckpt, n, seed=0):
+    """Step 11's grades lent this step's prompts (evaluate.PROMPT_MAKERS): for a checkpoint
+    tuned on requests, n free requests rendered (free_request), each with a grade of its
+    story: the share of its words used anywhere, and used inside a sentence of the story
+    (in_a_sentence: not piled, not over and over). None for any other checkpoint."""
+    if not takes_requests(ckpt):
+        return None
+    made = []
+    for i in range(n):
+        words = free_request(i, seed)["words"]
+        grade = lambda story, w=words: {  # noqa: E731
+            "words used": sum(uses_word(story, x) for x in w) / len(w),
+            "in a sentence": sum(in_a_sentence(story, x, w) for x in w) / len(w)}
+        made.append((render_request(words=words), grade))
+    return made
 
 
 # ----- plugging into steps 09 and 10 -----

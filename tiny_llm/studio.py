@@ -48,7 +48,14 @@ from tiny_llm.generate import DEFAULTS, check_sampling, next_token_probs, sample
 from tiny_llm.instruct import render_request
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
-from tiny_llm.request_data import FEATURES, check_learned, learned_requests, score_story
+from tiny_llm.request_data import (
+    FEATURES,
+    check_learned,
+    in_a_sentence,
+    learned_requests,
+    score_story,
+    uses_word,
+)
 from tiny_llm.tokenize import EOT, tokenizer_path
 
 PAGE = Path(__file__).with_name("studio.html")
@@ -156,6 +163,9 @@ def prompt_text(writer, body):
                 check_learned(writer.learned, request, writer.name)
         except ValueError as err:
             raise Refused(str(err)) from None
+        if not request["words"]:  # nothing a story could miss: every story would score 1
+            raise Refused("the request asks for no words: a request is scored on the words a "
+                          "story uses, so give at least one (dog, moon)")
     if len(prompt) > LIMITS["prompt_chars"]:
         raise Refused(f"the prompt has {len(prompt):,} characters; the studio takes at most "
                       f"{LIMITS['prompt_chars']:,} (the model reads only its last "
@@ -218,7 +228,108 @@ def scores(request, story):
         return {}
     marks = score_story({**request, "summary": None}, story)
     asked = [v for v in marks.values() if v is not None]
-    return {"scores": marks, "reward": sum(asked) / len(asked)}
+    words = request["words"]
+    return {"scores": marks, "reward": sum(asked) / len(asked),
+            "used": [w for w in words if uses_word(story, w)],  # the page marks these
+            "in_sentence": [w for w in words if in_a_sentence(story, w, words)]}
+
+
+# ----- OpenAI's chat API: /v1/models and /v1/chat/completions, for clients and judges -----
+
+
+def model_ids(writers):
+    """The name each writer goes by in the API: its run folder ('runs/cpu/ckpt.pt' -> 'cpu'),
+    numbered where two share one ('cpu', 'cpu-2')."""
+    ids = []
+    for w in writers:
+        base = w.name.split("/")[0]
+        ids.append(base if base not in ids else f"{base}-{len(ids) + 1}")
+    return ids
+
+
+def chat_prompt(writer, messages):
+    """(prompt, request or None) for a chat: the last user message, rendered as step 17's
+    request for a model tuned on requests (its content is the words: "dog, moon", or words,
+    features and sentence fields as in the exported chat template), else taken as the prompt."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise Refused("messages must be a list of {\"role\": ..., \"content\": ...} objects")
+    users = [m for m in messages if m.get("role") == "user"]
+    if not users:
+        raise Refused("messages hold no message with role user: nothing to answer")
+    last = users[-1]
+    content = last.get("content") or ""
+    if isinstance(content, list):  # OpenAI's parts: [{"type": "text", "text": ...}, ...]
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    content = text(content, "the user message's content")
+    if not writer.requests:
+        return prompt_text(writer, {"prompt": content})
+    words = last.get("words", [w for w in content.split(",") if w.strip()])
+    return prompt_text(writer, {"request": {"words": words, "features": last.get("features"),
+                                            "sentence": last.get("sentence")}})
+
+
+def chat_sampling(body, limits):
+    """(temperature, top_k, top_p, seed, max_new_tokens) from a chat request: OpenAI's names
+    and defaults (temperature 1, top_p 1, no top-k); the seed 1337 unless one is given."""
+    top_p, n = body.get("top_p", 1.0), body.get("max_tokens")
+    return sampling_of({"temperature": body.get("temperature", 1.0), "top_k": None,
+                        "top_p": None if top_p == 1 else top_p, "seed": body.get("seed", 1337),
+                        "max_new_tokens": min(200, limits["max_new_tokens"]) if n is None else n})
+
+
+def completion_pieces(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens):
+    """The answer's text in pieces as they are made (whole characters only), then
+    ("stop" or "length", tokens made): step 09's sampler through step 12's cache."""
+    model, tokenizer = writer.model, writer.tokenizer
+    eot_id = tokenizer.token_to_id(EOT)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor([tokenizer.encode(prompt).ids or [eot_id]], device=device)
+    ids, shown, end = [], "", "length"
+    for next_id, _ in sample_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
+                                    generator, eot_id, fresh_cache(model)):
+        if next_id.item() == eot_id:
+            end = "stop"
+            break
+        ids.append(next_id.item())
+        text_now = tokenizer.decode(ids)
+        if not text_now.endswith("\ufffd") and len(text_now) > len(shown):
+            yield text_now[len(shown):]
+            shown = text_now
+    if (rest := tokenizer.decode(ids)[len(shown):]):
+        yield rest
+    yield end, len(ids)
+
+
+def chat_reply(model_id, pieces, prompt_tokens):
+    """A non-streaming chat.completion object, as OpenAI's API answers one."""
+    import time
+
+    *texts, (end, made) = pieces
+    return {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion",
+            "created": int(time.time()), "model": model_id,
+            "choices": [{"index": 0, "finish_reason": end,
+                         "message": {"role": "assistant", "content": "".join(texts)}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": made,
+                      "total_tokens": prompt_tokens + made}}
+
+
+def chat_chunks(model_id, pieces):
+    """The server-sent events of a streamed answer: a chunk with the role, one per piece of
+    text, one with the finish reason, then data: [DONE]."""
+    import time
+
+    head = {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": model_id}
+    event = lambda delta, end=None: "data: " + json.dumps({**head, "choices": [  # noqa: E731
+        {"index": 0, "delta": delta, "finish_reason": end}]}) + "\n\n"
+    yield event({"role": "assistant", "content": ""})
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            yield event({}, piece[0])
+        else:
+            yield event({"content": piece})
+    yield "data: [DONE]\n\n"
 
 
 class Slots:
@@ -306,7 +417,10 @@ def create_app(writers, limits=None, host="127.0.0.1"):
     app.add_middleware(OwnHostOnly, names=served_names(host))
 
     @app.exception_handler(Refused)
-    async def refused(_request, err):
+    async def refused(request, err):
+        if request.url.path.startswith("/v1/"):  # OpenAI's shape, which its clients read
+            return JSONResponse({"error": {"message": str(err), "type": "invalid_request_error",
+                                           "code": err.status}}, status_code=err.status)
         return JSONResponse({"error": str(err)}, status_code=err.status)
 
     def writer_of(body):
@@ -386,6 +500,45 @@ def create_app(writers, limits=None, host="127.0.0.1"):
         idx = torch.tensor([ids], device=device)
         rows = await run_in_threadpool(last_attention, writer.model, idx)
         return {"layers": rows.tolist()}
+
+    ids = model_ids(writers)
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": i, "object": "model", "created": 0,
+                                            "owned_by": "tiny-llm"} for i in ids]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await json_body(request)
+        if body.get("model") not in ids:
+            raise Refused(f"no model {body.get('model')!r:.60} here: this studio serves "
+                          f"{', '.join(ids)} (GET /v1/models)", 404)
+        writer = writers[ids.index(body["model"])]
+        prompt, _ = chat_prompt(writer, body.get("messages"))
+        sampling = chat_sampling(body, limits)
+        release = slots.take()
+        pieces = completion_pieces(writer, prompt, *sampling)
+        if not body.get("stream"):
+            try:
+                made = await run_in_threadpool(list, pieces)
+            finally:
+                release()
+            return chat_reply(body["model"], made, len(writer.tokenizer.encode(prompt).ids))
+        events = chat_chunks(body["model"], pieces)
+
+        async def stream():
+            try:
+                while (event := await run_in_threadpool(next, events, None)) is not None:
+                    yield event
+            finally:
+                events.close()
+                release()
+
+        body_iterator = stream()
+        weakref.finalize(body_iterator, release)
+        return StreamingResponse(body_iterator, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
 
     return app
 
