@@ -14,8 +14,8 @@ from tiny_llm.evaluate import attention_maps
 from tiny_llm.generate import generate, stream_sample
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.instruct import FEATURES, render_request, score_story
-from tiny_llm.request_data import uses_word
 from tiny_llm.modern import ModernConfig, ModernGPT
+from tiny_llm.request_data import uses_word
 from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256
 
 SAMPLING = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 7}

@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from tiny_llm.checkpoint import model_from_checkpoint, read_log  # read_log: log.jsonl's records
 from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import pick_device
-from tiny_llm.files import atomic_path, check_writable, save_figure
+from tiny_llm.files import check_writable, save_figure
 from tiny_llm.generate import DEFAULTS, generate
+from tiny_llm.judge import GRADES, JudgeRecord, judge_request
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.plots import plot_attention_maps, plot_loss_gap, plot_positions, write_gap_csv
@@ -84,10 +85,10 @@ def story_grades(text):
     'The cat sat. The cat sat. The cat sat.' -> repeated sentences 0.67, distinct-1 0.33"""
     words = re.findall(r"[a-z']+", text.lower())
     sentences = [s.strip().lower() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
-    return {"repeated_4grams": repeated_share(ngrams(words, 4)),
-            "repeated_sentences": repeated_share(sentences),
-            "distinct_1": 1 - repeated_share(words) if words else 0.0,
-            "distinct_2": 1 - repeated_share(ngrams(words, 2)) if len(words) > 1 else 0.0}
+    return {"repeated 4-grams": repeated_share(ngrams(words, 4)),
+            "repeated sentences": repeated_share(sentences),
+            "distinct-1": 1 - repeated_share(words) if words else 0.0,
+            "distinct-2": 1 - repeated_share(ngrams(words, 2)) if len(words) > 1 else 0.0}
 
 
 def mean_spread(values):
@@ -96,107 +97,6 @@ def mean_spread(values):
         return math.nan, math.nan
     mean = sum(values) / len(values)
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-
-
-# ----- a judge: another model grades the stories (any OpenAI-compatible chat endpoint) -----
-
-RUBRIC = ("A young student wrote the story below; it begins with the prompt {prompt!r}. Grade "
-          "the story from 1 (poor) to 10 (excellent) on four things: grammar; creativity; "
-          "consistency, with its beginning and with itself; plot, whether it makes sense and "
-          "ends. Answer with JSON only, no other words: "
-          '{{"grammar": N, "creativity": N, "consistency": N, "plot": N}}\n\nStory:\n{story}')
-GRADES = ("grammar", "creativity", "consistency", "plot")
-START_ONE = ("start one: `ollama serve` (then `ollama pull qwen2.5:1.5b` and --judge-model "
-             "qwen2.5:1.5b), llama.cpp's `llama-server -m MODEL.gguf --port 8080`, or the "
-             "course's studio (`python -m tiny_llm.studio`), and pass the address it prints")
-
-
-def judge_request(model, prompt, story, seed):
-    """The chat request that asks `model` to grade one story: the rubric, temperature 0, a
-    seed, and JSON asked for twice (in words, and response_format where a server knows it)."""
-    return {"model": model, "temperature": 0, "seed": seed,
-            "response_format": {"type": "json_object"},
-            "messages": [{"role": "user", "content": RUBRIC.format(prompt=prompt, story=story)}]}
-
-
-def ask_judge(url, body, key=None, timeout=120):
-    """POST body to url's /v1/chat/completions (stdlib urllib); the answer's text. Errors say
-    what to do: nothing listening, an HTTP error with the server's words, a timeout."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    endpoint = url.rstrip("/").removesuffix("/v1") + "/v1/chat/completions"
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"}
-                                                      if key else {})}
-    request = urllib.request.Request(endpoint, json.dumps(body).encode(), headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            answer = json.load(response)
-    except urllib.error.HTTPError as err:
-        words = err.read().decode("utf-8", "replace")[:300]
-        raise ValueError(f"the judge at {endpoint} answered HTTP {err.code}: {words} (is "
-                         f"--judge-model {body['model']!r} a model it serves?)") from None
-    except TimeoutError:
-        raise ValueError(f"the judge at {endpoint} gave no answer in {timeout} s: a large "
-                         "model on a CPU is slow; try a smaller --judge-model") from None
-    except urllib.error.URLError as err:
-        if isinstance(err.reason, TimeoutError):
-            raise ValueError(f"the judge at {endpoint} gave no answer in {timeout} s") from None
-        raise ValueError(f"cannot reach a judge at {endpoint} ({err.reason}): {START_ONE}"
-                         ) from None
-    try:
-        return answer["choices"][0]["message"]["content"] or ""
-    except (KeyError, IndexError, TypeError):
-        raise ValueError(f"the judge at {endpoint} answered no chat completion: "
-                         f"{str(answer)[:200]}") from None
-
-
-def read_grades(answer):
-    """The four grades in a judge's answer, or None if it holds no JSON object with each as a
-    whole number from 1 to 10. 'Sure! {"grammar": 7, ...}' -> {"grammar": 7, ...}."""
-    import json
-
-    found = re.search(r"\{.*\}", answer, re.DOTALL)
-    try:
-        grades = json.loads(found.group()) if found else None
-    except ValueError:
-        return None
-    if not isinstance(grades, dict):
-        return None
-    grades = {k: grades.get(k) for k in GRADES}
-    ok = all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10
-             for v in grades.values())
-    return grades if ok else None
-
-
-class JudgeRecord:
-    """Every request sent to a judge and its answer, one JSON line each, keyed by a hash of the
-    request: a rerun asks nothing already answered, and a reader can audit every grade."""
-
-    def __init__(self, path):
-        import json
-
-        self.path, self.answers = Path(path), {}
-        if self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                entry = json.loads(line)
-                self.answers[entry["key"]] = entry
-
-    def grade(self, url, body, key=None):
-        """(grades or None, the answer's text): from the record, else from the judge."""
-        import hashlib
-        import json
-
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-        if digest not in self.answers:
-            self.answers[digest] = {"key": digest, "request": body,
-                                    "answer": ask_judge(url, body, key)}
-            with atomic_path(self.path) as tmp:  # the whole file, never half a line
-                tmp.write_text("".join(json.dumps(e) + "\n" for e in self.answers.values()),
-                               encoding="utf-8")
-        answer = self.answers[digest]["answer"]
-        return read_grades(answer), answer
 
 
 # A later step lends its own prompts by name, as the checkpoint's model table does: step 17's
@@ -237,8 +137,7 @@ def grades_table(graded, judged):
     its four grades and the answers it gave that could not be read (counted, then shown)."""
     names = list(next(iter(graded.values()))[0][2])
     heads = names + (list(GRADES) + ["unreadable"] if judged else [])
-    labels = [h.replace("repeated_", "repeated ").replace("_", "-") for h in heads]
-    print(f"{'grades':<16} " + " ".join(f"{h:>18}" for h in labels))
+    print(f"{'grades':<16} " + " ".join(f"{h:>18}" for h in heads))
     for name, rows in graded.items():
         cells = []
         for key in names:

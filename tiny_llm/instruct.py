@@ -25,6 +25,7 @@ Ask for one:    uv run python -m tiny_llm.instruct write --checkpoint runs/reque
 """
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -50,13 +51,12 @@ from tiny_llm.request_data import (  # noqa: F401 (FIELDS, parse_record: step 17
     check_request,
     derived_records,
     free_request,
-    in_a_sentence,
     instruct_records,
     learned_requests,
     parse_record,
     score_story,
     takes_requests,
-    uses_word,
+    word_grades,
 )
 from tiny_llm.scale import main as ranks_command
 from tiny_llm.tokenize import EOT, load_tokenizer
@@ -237,20 +237,12 @@ def measure(model, tokenizer, requests, max_new_tokens=200, seed=0, plain=False)
 
 
 def graded_requests(ckpt, n, seed=0):
-    """Step 11's grades lent this step's prompts (evaluate.PROMPT_MAKERS): for a checkpoint
-    tuned on requests, n free requests rendered (free_request), each with a grade of its
-    story: the share of its words used anywhere, and used inside a sentence of the story
-    (in_a_sentence: not piled, not over and over). None for any other checkpoint."""
+    """Step 11's grades lent this step's prompts (evaluate.PROMPT_MAKERS): n free requests
+    for a checkpoint tuned on requests, each with word_grades for its story; else None."""
     if not takes_requests(ckpt):
         return None
-    made = []
-    for i in range(n):
-        words = free_request(i, seed)["words"]
-        grade = lambda story, w=words: {  # noqa: E731
-            "words used": sum(uses_word(story, x) for x in w) / len(w),
-            "in a sentence": sum(in_a_sentence(story, x, w) for x in w) / len(w)}
-        made.append((render_request(words=words), grade))
-    return made
+    words = [free_request(i, seed)["words"] for i in range(n)]
+    return [(render_request(words=w), functools.partial(word_grades, words=w)) for w in words]
 
 
 # ----- plugging into steps 09 and 10 -----
@@ -328,16 +320,10 @@ class RequestHooks(TrainHooks):
         return model_state, {}
 
 
-# Steers a later step lends the write command and the studio, by name: step 17 never imports
-# step 18 (the checkpoint's model table works the same way).
+# A steer a later step lends the write command, by name: step 17 never imports step 18 (the
+# checkpoint's model table works the same way). "boost": WordBoost(tokenizer, words, strength,
+# prompt_length).
 STEERS = {"boost": ("tiny_llm.reward", "WordBoost")}
-
-
-def steer_class(name):
-    """The class of a steer in STEERS: "boost" -> step 18's WordBoost(tokenizer, words,
-    strength, prompt_length)."""
-    module, attr = STEERS[name]
-    return getattr(importlib.import_module(module), attr)
 
 
 class RequestWriting(WriteHooks):
@@ -370,8 +356,10 @@ class RequestWriting(WriteHooks):
     def steer(self, args, tokenizer):
         if not args.boost:
             return None
-        return steer_class("boost")(tokenizer, args.request["words"], args.boost,
-                                    len(tokenizer.encode(args.prompt).ids))
+        module, name = STEERS["boost"]
+        boost = getattr(importlib.import_module(module), name)
+        return boost(tokenizer, args.request["words"], args.boost,
+                     len(tokenizer.encode(args.prompt).ids))
 
     def cache(self, model):
         return fresh_cache(model)

@@ -127,6 +127,13 @@ def in_a_sentence(story, word, words=None):
     return any(uses_word(" ".join(s), word) and not is_pile(s, words) for s in sentences)
 
 
+def word_grades(story, words):
+    """The shares of the asked-for words the story uses, anywhere and in a sentence (step 11's
+    grades of a requests model). 'Dog moon brave.', (dog, moon) -> 1.0 and 0.0."""
+    return {"words used": sum(uses_word(story, w) for w in words) / len(words),
+            "in a sentence": sum(in_a_sentence(story, w, words) for w in words) / len(words)}
+
+
 def score_story(request, story):
     """{"words": share of requested words used, "sentence": 1/0 or None (none asked),
     "dialogue": 1 if quoted speech is present exactly when Dialogue was asked, else 0}."""

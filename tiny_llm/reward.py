@@ -74,7 +74,7 @@ def reward_parts(request, story):
     return {"words": sum(in_a_sentence(story, w, words) for w in words) / len(words),
             "sentence": float(request["sentence"] in story) if request["sentence"] else None,
             "dialogue": float(bool(re.search(r"\"[^\"]+\"", story))) if asked else None,
-            "repetition": story_grades(story)["repeated_4grams"],
+            "repetition": story_grades(story)["repeated 4-grams"],
             "piles": sum(is_pile(s, words) for s in sentences) / max(1, len(sentences))}
 
 
