@@ -468,3 +468,24 @@ def test_the_judge_grades_through_the_studio_and_counts_what_it_cannot_read(
     assert len(kept) == 2 and all(k["answer"] and k["request"]["temperature"] == 0 for k in kept)
     evaluate.main()  # the server is gone: every answer comes from the record
     assert capsys.readouterr().out.splitlines()[-3:] == out.splitlines()[-3:]
+
+
+def test_two_checkpoints_of_two_tokenizers_each_read_their_own(tmp_path, sample_data_dir):
+    """One checkpoint of the prepared data, one whose tokenizer lies beside it (as an import's
+    does, or its run's --data-dir): each writer decodes with its own; one whose tokenizer is
+    nowhere is refused with the checkpoint check's advice."""
+    plain = tiny_checkpoint(tmp_path / "plain" / "ckpt.pt", sample_data_dir)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tokenizer.json").write_text((sample_data_dir / "tokenizer.json").read_text() + "\n")
+    ckpt = tiny_checkpoint(other / "ckpt.pt", sample_data_dir)
+    state = torch.load(ckpt, weights_only=True)
+    state["tokenizer_sha256"] = tokenizer_sha256(other / "tokenizer.json")
+    save_checkpoint(ckpt, state)
+    first, second = (studio.load_writer(p, data_dir=sample_data_dir) for p in (plain, other))
+    assert first.data_dir == sample_data_dir and second.data_dir == other
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    save_checkpoint(lost / "ckpt.pt", {**state, "train_config": {"data_dir": str(tmp_path)}})
+    with pytest.raises(ValueError, match="different tokenizer"):
+        studio.load_writer(lost / "ckpt.pt", data_dir=sample_data_dir)

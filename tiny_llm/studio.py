@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from tiny_llm.checkpoint import model_from_checkpoint
+from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint
 from tiny_llm.device import pick_device
 from tiny_llm.evaluate import attention_maps
 from tiny_llm.generate import DEFAULTS, check_sampling, next_token_probs, sample_tokens
@@ -56,7 +56,7 @@ from tiny_llm.request_data import (
     score_story,
     uses_word,
 )
-from tiny_llm.tokenize import EOT, tokenizer_path
+from tiny_llm.tokenize import EOT, tokenizer_path, tokenizer_sha256
 
 PAGE = Path(__file__).with_name("studio.html")
 LIMITS = {"prompt_chars": 2000, "max_new_tokens": 1000, "running": 2,  # what one server allows
@@ -73,20 +73,36 @@ class Writer:
     model: torch.nn.Module
     tokenizer: Tokenizer
     learned: dict | None  # what requests it was fine-tuned on (step 17), None: plain prompts
+    data_dir: Path = DATA_DIR  # the folder of the tokenizer it was trained with
 
     @property
     def requests(self):
         return self.learned is not None
 
 
+def tokenizer_folder(path, ckpt, data_dir):
+    """The folder whose tokenizer.json the checkpoint was trained with: data_dir, else its
+    own (one beside it, as an import has, or its run's --data-dir), so two checkpoints of two
+    tokenizers write side by side; else data_dir, and the check says what is wrong."""
+    beside = Path(path) if Path(path).is_dir() else Path(path).parent  # a run folder, or a file
+    own = [beside, Path((ckpt.get("train_config") or {}).get("data_dir", data_dir))]
+    for folder in (Path(data_dir), *own):
+        file = folder / "tokenizer.json"
+        if file.is_file() and tokenizer_sha256(file) == ckpt.get("tokenizer_sha256"):
+            return folder
+    return Path(data_dir)
+
+
 def load_writer(path, device="cpu", data_dir=DATA_DIR):
     """A Writer from a checkpoint, after the project's checks (readable, the right keys, trained
-    with the tokenizer prepared in data_dir); ValueError or FileNotFoundError if not."""
+    with the tokenizer prepared in data_dir or with its own: tokenizer_folder); ValueError or
+    FileNotFoundError if not."""
+    data_dir = tokenizer_folder(path, load_checkpoint(path, device), data_dir)
     model, ckpt = model_from_checkpoint(path, device, data_dir=data_dir)
     tokenizer = Tokenizer.from_file(str(tokenizer_path(Path(data_dir) / "tokenizer.json")))
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)  # a run folder's
     name = f"{path.parent.name}/{path.name} (step {ckpt['step']:,})"
-    return Writer(name, model, tokenizer, learned_requests(ckpt))
+    return Writer(name, model, tokenizer, learned_requests(ckpt), Path(data_dir))
 
 
 def distributions(logits, temperature, top_k, top_p):
@@ -603,7 +619,8 @@ def main(argv=None):
     for i, w in enumerate(writers):
         taught = w.learned and ", ".join(w.learned["fields"] + w.learned["features"])
         print(f"{f'checkpoint {i + 1}':<12} {w.name}" + (f", takes requests ({taught})"
-                                                        if w.requests else ""))
+                                                        if w.requests else "")
+              + (f", its tokenizer from {w.data_dir}" if w.data_dir != args.data_dir else ""))
     print(f"{'studio':<12} http://{host}:{port}/  (Ctrl-C stops it)", flush=True)
     serve(create_app(writers, host=args.host), sock)
 
