@@ -321,6 +321,9 @@ def test_instruct_write_boost_changes_the_story_under_top_k_50(start, sample_dat
                        "--data-dir", str(sample_data_dir), "--device", "cpu"])
         stories.append(capsys.readouterr().out.splitlines()[-1])
     assert stories[0] != stories[1] and " kite" in stories[1]
+    instruct_main(["write", "--checkpoint", str(start), "--words", "кот,dog", "--boost", "3",
+                   "--max-new-tokens", "2", "--data-dir", str(sample_data_dir), "--device", "cpu"])
+    assert "this tokenizer spells кот in byte pieces" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         instruct_main(["write", "--checkpoint", str(start), "--words", ","])
     assert "--words ',' names no word" in capsys.readouterr().err

@@ -357,9 +357,13 @@ class RequestWriting(WriteHooks):
         if not args.boost:
             return None
         module, name = STEERS["boost"]
-        boost = getattr(importlib.import_module(module), name)
-        return boost(tokenizer, args.request["words"], args.boost,
-                     len(tokenizer.encode(args.prompt).ids))
+        boost = getattr(importlib.import_module(module), name)(
+            tokenizer, args.request["words"], args.boost, len(tokenizer.encode(args.prompt).ids))
+        if boost.bytes_only:
+            print(f"note: --boost: this tokenizer spells {', '.join(boost.bytes_only)} in byte "
+                  "pieces (it never saw the word): the boost leans only towards its first "
+                  "byte, and the story may show stray characters", file=sys.stderr)
+        return boost
 
     def cache(self, model):
         return fresh_cache(model)

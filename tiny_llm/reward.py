@@ -365,6 +365,10 @@ class WordBoost:
     def __init__(self, tokenizer, words, strength, prompt_length):
         self.tokenizer, self.strength, self.start = tokenizer, strength, prompt_length
         self.spellings = {w: tokenizer.encode(" " + w).ids for w in words}
+        # a word the tokenizer never learned (emoji, Cyrillic, CJK in an English vocabulary)
+        # is spelled in byte pieces: boosting its first byte writes stray characters
+        self.bytes_only = [w for w, ids in self.spellings.items()
+                           if any("\ufffd" in tokenizer.decode([i]) for i in ids)]
 
     def __call__(self, idx, logits):
         logits = logits.clone()
