@@ -11,7 +11,13 @@ chose it attended, per layer and head (steps 05 and 06). A checkpoint fine-tuned
 requests (step 17) gets a form for words, features and a sentence (only those it was taught),
 and each story of a request shows its score by step 17's rules. A second checkpoint writes
 beside the first, from the same input and seed; a base model beside a fine-tuned one gets the
-same request as plain text: the zero-shot row, the "before" of "before and after".
+same request as plain text: the zero-shot row, the "before" of "before and after". Each
+checkpoint reads the tokenizer it was trained with (tokenizer_folder).
+
+It also speaks OpenAI's chat API, so `openai`'s client, step 11's judge and other tools can
+talk to a course model: GET /v1/models, POST /v1/chat/completions (streamed as server-sent
+events with `"stream": true`), the last user message the prompt, or a request for a model
+tuned on requests; temperature, top_p, max_tokens and seed as the API names them.
 
 Safe by default: only this machine can connect (another --host is a choice you make, with a
 warning), and only a page it served can use it: a request must name the studio's own address
