@@ -327,3 +327,25 @@ def test_instruct_write_boost_changes_the_story_under_top_k_50(start, sample_dat
     with pytest.raises(SystemExit):
         instruct_main(["write", "--checkpoint", str(start), "--words", ","])
     assert "--words ',' names no word" in capsys.readouterr().err
+
+
+def test_the_word_boost_steers_a_request_story_in_the_studio(start, sample_data_dir):
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from tiny_llm import studio
+
+    app = studio.create_app([studio.load_writer(start, data_dir=sample_data_dir)])
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    request = {"words": ["kite", "beach"], "features": [], "sentence": None}
+    stories = []
+    for boost in (0, 3):
+        reply = client.post("/api/generate", json={"request": request, "max_new_tokens": 12,
+                                                   "seed": 5, "top_k": 50, "boost": boost})
+        stories.append([json.loads(line) for line in reply.text.splitlines()])
+    assert [t["id"] for t in stories[0][1:-1]] != [t["id"] for t in stories[1][1:-1]]
+    assert "kite" in stories[1][-1]["used"]
+    for body in ({"prompt": "Once", "boost": 3}, {"request": request, "boost": 50}):
+        refused = client.post("/api/generate", json=body)
+        assert refused.status_code == 400 and "boost leans the sampler" in refused.text

@@ -489,3 +489,4 @@ def test_two_checkpoints_of_two_tokenizers_each_read_their_own(tmp_path, sample_
     save_checkpoint(lost / "ckpt.pt", {**state, "train_config": {"data_dir": str(tmp_path)}})
     with pytest.raises(ValueError, match="different tokenizer"):
         studio.load_writer(lost / "ckpt.pt", data_dir=sample_data_dir)
+

@@ -97,7 +97,8 @@ def test_the_studio_streams_inspects_and_stops_in_chromium(tmp_path, sample_data
         wait(lambda: "checkpoint 1: run/ckpt.pt" in driver.find_element("id", "who").text)
         js("document.getElementById('length').value = 40")
         driver.find_element("id", "write").click()
-        status = lambda: driver.find_element("css selector", ".status").text  # noqa: E731
+        status = lambda: " ".join(  # noqa: E731 ("" until the story's box is on the page)
+            e.text for e in driver.find_elements("css selector", ".status"))
         wait(lambda: "ended by" in status(), what="a 40-token story")
         log = js("return studio.log")
         assert [entry["n"] for entry in log] == list(range(1, 41))

@@ -34,6 +34,7 @@ tiny_llm/studio.html: plain HTML and JavaScript, no build step, nothing from the
 
 import argparse
 import functools
+import importlib
 import ipaddress
 import json
 import socket
@@ -51,7 +52,7 @@ from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint
 from tiny_llm.device import pick_device
 from tiny_llm.evaluate import attention_maps
 from tiny_llm.generate import DEFAULTS, check_sampling, next_token_probs, sample_tokens
-from tiny_llm.instruct import render_request
+from tiny_llm.instruct import STEERS, render_request
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.request_data import (
@@ -214,7 +215,8 @@ def sampling_of(body):
     return temperature, top_k, top_p, seed, n
 
 
-def story_lines(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens, request=None):
+def story_lines(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens, request=None,
+                boost=0.0):
     """The story as JSON lines: the prompt's tokens, then one line per new token (its id, text,
     probability before and after sampling's reshaping, and the top candidates), then the end;
     for a request, the end carries the story's scores (step 17's score_story)."""
@@ -227,8 +229,13 @@ def story_lines(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens,
     generator = torch.Generator(device=device).manual_seed(seed)  # the generate command's draws
     idx = torch.tensor([ids], device=device)
     made, end, story = 0, "length", []
+    steer = None
+    if boost:  # step 18's word boost, lent by name through step 17's STEERS table
+        module, name = STEERS["boost"]
+        steer = getattr(importlib.import_module(module), name)(tokenizer, request["words"],
+                                                               boost, len(ids))
     for next_id, logits in sample_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
-                                         generator, eot_id, fresh_cache(model)):
+                                         generator, eot_id, fresh_cache(model), steer):
         i = next_id.item()
         before, after = distributions(logits, temperature, top_k, top_p)
         top = before.topk(min(TOP, before.shape[0])).indices.tolist()
@@ -493,7 +500,12 @@ def create_app(writers, limits=None, host="127.0.0.1"):
         if sampling[-1] > limits["max_new_tokens"]:
             raise Refused(f"length must be at most {limits['max_new_tokens']:,} tokens here")
         release = slots.take()
-        lines = story_lines(writer, prompt, *sampling, request=asked)
+        boost = body.get("boost", 0)
+        if isinstance(boost, bool) or not isinstance(boost, (int, float)) or not 0 <= boost <= 20 \
+                or (boost and asked is None):
+            raise Refused(f"boost leans the sampler towards a request's words, by 0 to 20 (3 is "
+                          f"plenty), got {boost!r:.40}" + ("" if asked else " for a prompt"))
+        lines = story_lines(writer, prompt, *sampling, request=asked, boost=boost)
 
         async def stream():  # one token a pull: a closed tab or stop means no more pulls
             try:
