@@ -8,7 +8,10 @@ For each checkpoint, on N held-out requests (read off the validation stories, ne
 and N free requests (a noun, a verb and an adjective from FREE_WORDS below, none of them among
 COMMON_WORDS, which step 18's run asks for): the share of requested words used, the share of
 stories with every word, sentence inclusion, the share of stories with quoted speech when
-Dialogue was asked and when it was not, and bits per byte on the plain validation stories. The
+Dialogue was asked and when it was not, bits per byte on the plain validation stories, and on
+the free requests the share of words used inside a sentence (step 18's in_a_sentence: not in a
+pile, not over and over), the stories with all three so, step 11's key-free grades (repeated
+4-grams, distinct-2) and step 18's reward. The
 first checkpoint is also prompted with "Once upon a time" (the chance rate). --boost S adds
 a row for each checkpoint with the sampler steered by step 18's WordBoost of strength S (the
 same model; only the sampling changes). --stories FILE keeps every story; --json FILE the
@@ -25,14 +28,14 @@ import torch
 
 from tiny_llm.checkpoint import model_from_checkpoint
 from tiny_llm.data import load_token_array
-from tiny_llm.evaluate import bits_per_byte
+from tiny_llm.evaluate import bits_per_byte, story_grades
 from tiny_llm.generate import DEFAULTS, complete
 from tiny_llm.instruct import derived_records, measure, render_request
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.prepared import load_meta
-from tiny_llm.request_data import COMMON_WORDS, score_story, uses_word
-from tiny_llm.reward import WordBoost
+from tiny_llm.request_data import COMMON_WORDS, in_a_sentence, score_story, uses_word
+from tiny_llm.reward import WordBoost, reward
 from tiny_llm.tokenize import load_tokenizer
 
 # Common words of children's stories that COMMON_WORDS does not hold, several of them rarer in
@@ -74,15 +77,22 @@ def boosted(model, tokenizer, requests, max_new_tokens, seed, strength):
 
 def table_row(requests, stories):
     """The table's numbers for one set of requests and the stories written for them."""
-    every = [all(uses_word(s, w) for w in r["words"]) for r, s in zip(requests, stories,
-                                                                       strict=True)]
+    pairs = list(zip(requests, stories, strict=True))
+    every = [all(uses_word(s, w) for w in r["words"]) for r, s in pairs]
+    in_sentence = [[in_a_sentence(s, w, r["words"]) for w in r["words"]] for r, s in pairs]
+    grades = [story_grades(s) for s in stories]
     asked = [bool(QUOTES.search(s)) for r, s in zip(requests, stories, strict=True)
              if "Dialogue" in r["features"]]
     unasked = [bool(QUOTES.search(s)) for r, s in zip(requests, stories, strict=True)
                if "Dialogue" not in r["features"]]
     share = lambda flags: sum(flags) / len(flags) if flags else None  # noqa: E731
     return {"all_words": share(every), "quotes_asked": share(asked),
-            "quotes_unasked": share(unasked)}
+            "quotes_unasked": share(unasked),
+            "in_sentence": share([x for row in in_sentence for x in row]),
+            "all_in_sentence": share([all(row) for row in in_sentence]),
+            "repeated_4grams": share([g["repeated 4-grams"] for g in grades]),
+            "distinct_2": share([g["distinct-2"] for g in grades]),
+            "reward": share([reward(r, s) for r, s in pairs])}
 
 
 def main():
@@ -101,7 +111,8 @@ def main():
     held_out = [r for r, _ in derived_records(valid, tokenizer, 128, seed=12345)[: args.n]]
     free = free_requests(args.n, args.seed)
     head = ("held words", "held all 3", "sentence", "quotes asked", "quotes unasked",
-            "free words", "free all 3", "bits/byte")
+            "free words", "free all 3", "in a sentence", "all 3 so", "rep 4-grams",
+            "distinct-2", "reward", "bits/byte")
     print(f"{'model':<24} " + " ".join(f"{h:>14}" for h in head))
     kept, numbers = {}, {}
     for i, (name, path) in enumerate(run.split("=", 1) for run in args.runs):
@@ -123,13 +134,15 @@ def main():
             row = {"held_words": held["words"], **{f"held_{k}": v for k, v in
                                                    table_row(held_out, s1).items()},
                    "sentence": held["sentence"], "free_words": freed["words"],
-                   "free_all_words": table_row(free, s2)["all_words"], "bits_per_byte": bpb}
+                   **{f"free_{k}": v for k, v in table_row(free, s2).items()},
+                   "bits_per_byte": bpb}
             numbers[f"{name}, {label}"] = row
             kept[f"{name}, {label}"] = {"held_out": list(zip(held_out, s1, strict=True)),
                                         "free": list(zip(free, s2, strict=True))}
             cells = [row["held_words"], row["held_all_words"], row["sentence"],
                      row["held_quotes_asked"], row["held_quotes_unasked"], row["free_words"],
-                     row["free_all_words"]]
+                     row["free_all_words"], row["free_in_sentence"], row["free_all_in_sentence"],
+                     row["free_repeated_4grams"], row["free_distinct_2"], row["free_reward"]]
             print(f"{name + ', ' + label:<24} "
                   + " ".join(f"{c:>14.1%}" if c is not None else f"{'-':>14}" for c in cells)
                   + f" {bpb:>14.4f}", flush=True)

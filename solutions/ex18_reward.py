@@ -5,7 +5,7 @@ Run them:  uv run python -m solutions.ex18_reward   (seconds, no data needed)
 
 import torch
 
-from tiny_llm.request_data import sentences
+from tiny_llm.request_data import score_story
 from tiny_llm.reward import advantages, reward
 
 
@@ -32,13 +32,16 @@ def exercise_2_groups_that_agree(p=0.1, sizes=(4, 16), trials=4000, seed=0):
 
 
 def exercise_3_a_list_of_the_words():
-    """The list 'Dog moon brave.' takes the whole reward; a reward that also asks for two
-    sentences of 4 to 20 words (instruct.sentences) gives it half. Returns (plain, strict)."""
+    """'Dog moon brave.' scored by step 17's word count (every word there: 1.0) and by the
+    reward (no sentence uses them, and the only sentence is a pile: 0.0), and the shortest
+    story found that the reward gives 1.0: each word inside a sentence of 7 words, of which
+    fewer than half are the asked-for words. Returns (word count, reward, that story)."""
     request = {"words": ("dog", "moon", "brave"), "features": (), "sentence": None,
                "summary": None}
+    shortest = "The brave dog looked at the moon."
+    assert reward(request, shortest) == 1.0
     story = "Dog moon brave."
-    plain = reward(request, story)
-    return plain, plain * min(1.0, len(sentences(story)) / 2 + 0.5)
+    return score_story(request, story)["words"], reward(request, story), shortest
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 import json
 import math
+import socket
 import sys
 from dataclasses import asdict
 
@@ -179,3 +180,47 @@ def test_nearest_neighbours_of_a_trained_checkpoint_and_an_untrained_twin(tmp_pa
     assert list(trained) == list(untrained) == list(ex11_evaluate.WORDS)
     assert all(len(near) == 2 for near in trained.values())
     assert trained == untrained  # this "trained" model is the untrained twin: seed 0, no steps
+
+
+def test_story_grades_see_a_loop():
+    loop = evaluate.story_grades("The cat sat. The cat sat. The cat sat.")
+    assert loop["repeated sentences"] == pytest.approx(2 / 3)
+    assert loop["distinct-1"] == pytest.approx(1 / 3) and loop["repeated 4-grams"] == 0.5
+    fresh = evaluate.story_grades("A fox ran home. It slept by the warm fire all night.")
+    assert fresh["repeated 4-grams"] == fresh["repeated sentences"] == 0.0
+    assert fresh["distinct-1"] == 1.0
+
+
+def test_the_judges_answer_is_read_only_when_it_holds_four_grades():
+    from tiny_llm.judge import read_grades
+
+    good = {"grammar": 7, "creativity": 5, "consistency": 6, "plot": 4}
+    assert read_grades('Sure! {"grammar": 7, "creativity": 5, "consistency": 6, "plot": 4}') == good
+    for answer in ("Once upon a time", '{"grammar": 7}', '{"grammar": 11, "creativity": 5, '
+                   '"consistency": 6, "plot": 4}', '{"grammar": "7"', "[1, 2]"):
+        assert read_grades(answer) is None, answer
+
+
+def test_the_command_prints_grades_and_says_when_no_judge_listens(tmp_path, sample_data_dir,
+                                                                   monkeypatch, capsys):
+    ckpt = make_checkpoint(tmp_path, sample_data_dir, log=False)
+    (tmp_path / "twin").mkdir()
+    twin = tmp_path / "twin" / "ckpt.pt"
+    twin.write_bytes(ckpt.read_bytes())
+    out = run_cli(monkeypatch, capsys, "--checkpoint", ckpt, "--checkpoint", twin, "--data-dir",
+                  sample_data_dir, "--max-batches", 1, "--samples", 0, "--stories", 2,
+                  "--story-tokens", 8)
+    assert "stories          2 for each checkpoint, up to 8 tokens, seed 1337" in out
+    header, first, second = out.splitlines()[-3:]
+    assert header.split()[:2] == ["grades", "repeated"]
+    assert first.split()[1:] == second.split()[1:]  # the same model, prompts and seed
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens on it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(SystemExit, match="cannot reach a judge at .* start one: `ollama serve`"):
+        run_cli(monkeypatch, capsys, "--checkpoint", ckpt, "--data-dir", sample_data_dir,
+                "--max-batches", 1, "--samples", 0, "--stories", 1, "--story-tokens", 4,
+                "--judge", f"http://127.0.0.1:{port}", "--judge-model", "qwen2.5:1.5b")
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, capsys, "--checkpoint", ckpt, "--judge", "http://127.0.0.1:1")
+    assert "--judge needs --judge-model" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from tiny_llm.reward import (
     grpo_loss,
     main,
     reward,
+    reward_parts,
     rollout_rows,
     toy_run,
     train_reward,
@@ -34,10 +35,39 @@ REQUEST = {"words": ("dog", "moon"), "features": (), "sentence": None, "summary"
 
 
 def test_the_reward_is_the_mean_of_the_fields_the_request_asks_for():
-    assert reward(REQUEST, "The dog slept.") == 0.75  # words 0.5, no quotes unasked: 1.0
-    assert reward(REQUEST, 'The dogs saw the moon. "Hi!" said one.') == 0.5  # quotes unasked
+    assert reward(REQUEST, "The dog slept under a tree all day.") == 0.5  # 1 of 2 words
+    # quotes where Dialogue was not asked cost nothing and earn nothing
+    assert reward(REQUEST, 'The dogs saw the moon in the sky. "Hi!" said one.') == 1.0
     asked = {**REQUEST, "sentence": "It was late.", "features": ("Dialogue",)}
-    assert reward(asked, 'A dog and the moon. It was late. "Bye," he said.') == 1.0
+    assert reward(asked, 'A dog ran under the moon. It was late. "Bye," he said.') == 1.0
+    assert reward(asked, "A dog ran under the moon. It was late.") == 2 / 3  # no dialogue
+
+
+def test_a_list_of_the_words_scores_low():
+    brave = {**REQUEST, "words": ("dog", "moon", "brave")}
+    assert reward(brave, "Dog moon brave.") == 0.0  # no sentence, and a pile
+    assert reward_parts(brave, "Dog moon brave.")["piles"] == 1.0
+    assert reward(brave, "The brave dog looked at the moon and smiled.") == 1.0
+    pasted = "The dog ran to the moon. Dog, moon, brave, dog. The end of the day came."
+    assert reward(brave, pasted) < 2 / 3  # brave only in the pile, and the pile costs
+    robot = {**REQUEST, "words": ("robot",)}
+    assert reward(robot, "The robot " * 20 + "went home.") == 0.0  # repeated, not used
+    loop = "The dog saw the moon and ran. " * 4
+    assert reward_parts(REQUEST, loop)["repetition"] > 0.5 and reward(REQUEST, loop) < 0.5
+
+
+def test_a_request_with_no_words_is_refused(capsys):
+    with pytest.raises(ValueError, match="the request asks for no words"):
+        reward({**REQUEST, "words": ()}, "The dog slept.")
+    with pytest.raises(SystemExit):
+        main(["score", "--words", ",", "--story", "Dog."])
+    assert "the request asks for no words" in capsys.readouterr().err
+
+
+def test_reward_score_prints_the_reward_and_its_parts(capsys):
+    main(["score", "--words", "dog,moon,brave", "--story", "Dog moon brave."])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "reward       0.000 (words 0.00, repetition 0.00, piles 1.00)")
 
 
 def test_advantages_are_centred_on_the_group_and_scaled_by_its_spread():
@@ -101,6 +131,10 @@ def test_the_word_boost_leans_towards_the_words_not_used_yet(sample_data_dir):
     zeros = torch.zeros(1, V)
     out = boost(torch.tensor([used]), zeros)[0]
     assert out.nonzero().flatten().tolist() == [long[0]] and out[long[0]] == 3.0
+    sure = torch.zeros(1, V)
+    sure[0, :60] = 20.0  # a model sure of 60 other tokens: + 3 alone leaves it out of top-50
+    lifted = boost(torch.tensor([used]), sure)[0]
+    assert lifted[long[0]] == 17.0  # within 3 of the best: top-k 50 keeps it
     out = boost(torch.tensor([begun]), zeros)[0]
     assert out[long[1]] == 3.0 and out[long[0]] == 0.0  # begun: the token that goes on
     assert out[dog[0]] == 3.0 and out.sum() == 6.0
@@ -199,8 +233,9 @@ def test_solutions():
     (measured_4, formula_4), (measured_16, formula_16) = ex18_reward.exercise_2_groups_that_agree()
     assert measured_4 == pytest.approx(formula_4, abs=0.03) and formula_4 > 0.6
     assert measured_16 == pytest.approx(formula_16, abs=0.03) and formula_16 < 0.2
-    plain, strict = ex18_reward.exercise_3_a_list_of_the_words()
-    assert plain == 1.0 and strict < plain
+    counted, rewarded, shortest = ex18_reward.exercise_3_a_list_of_the_words()
+    assert counted == 1.0 and rewarded == 0.0
+    assert reward({**REQUEST, "words": ("dog", "moon", "brave")}, shortest) == 1.0
 
 
 # ----- step 17's additions for this step: requests from the first token, --measure -----
@@ -266,13 +301,51 @@ def test_write_measure_prints_what_the_story_did_and_its_reward(start, sample_da
     out = capsys.readouterr().out.splitlines()
     assert out[-2].startswith("measured     words ") and out[-2].endswith("not asked")
     assert out[-1].startswith("reward       ") and 0 <= float(out[-1].split()[1]) <= 1
-    with pytest.raises(SystemExit):
-        main(["write", "--checkpoint", str(start), "--measure"])
-    assert "--measure scores a story against its request" in capsys.readouterr().err
-    main(["write", "--checkpoint", str(start), "--words", "dog,moon", "--max-new-tokens", "8",
-          "--measure", "--boost", "3", "--data-dir", str(sample_data_dir), "--device", "cpu"])
-    assert capsys.readouterr().out.splitlines()[-1].startswith("reward       ")
+    for flags in ([], ["--words", ","]):
+        with pytest.raises(SystemExit):
+            main(["write", "--checkpoint", str(start), "--measure", *flags])
+        assert "--measure scores a story against its request" in capsys.readouterr().err
     for flags in (["--boost", "3"], ["--words", "dog", "--boost", "-1"]):
         with pytest.raises(SystemExit):
             main(["write", "--checkpoint", str(start), *flags])
         assert "--boost leans the sampler towards --words" in capsys.readouterr().err
+
+
+def test_instruct_write_boost_changes_the_story_under_top_k_50(start, sample_data_dir, capsys):
+    from tiny_llm.instruct import main as instruct_main
+
+    stories = []
+    for boost in ("0", "3"):
+        instruct_main(["write", "--checkpoint", str(start), "--words", "kite,beach",
+                       "--max-new-tokens", "12", "--top-k", "50", "--boost", boost,
+                       "--data-dir", str(sample_data_dir), "--device", "cpu"])
+        stories.append(capsys.readouterr().out.splitlines()[-1])
+    assert stories[0] != stories[1] and " kite" in stories[1]
+    instruct_main(["write", "--checkpoint", str(start), "--words", "кот,dog", "--boost", "3",
+                   "--max-new-tokens", "2", "--data-dir", str(sample_data_dir), "--device", "cpu"])
+    assert "this tokenizer spells кот in byte pieces" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        instruct_main(["write", "--checkpoint", str(start), "--words", ","])
+    assert "--words ',' names no word" in capsys.readouterr().err
+
+
+def test_the_word_boost_steers_a_request_story_in_the_studio(start, sample_data_dir):
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from tiny_llm import studio
+
+    app = studio.create_app([studio.load_writer(start, data_dir=sample_data_dir)])
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    request = {"words": ["kite", "beach"], "features": [], "sentence": None}
+    stories = []
+    for boost in (0, 3):
+        reply = client.post("/api/generate", json={"request": request, "max_new_tokens": 12,
+                                                   "seed": 5, "top_k": 50, "boost": boost})
+        stories.append([json.loads(line) for line in reply.text.splitlines()])
+    assert [t["id"] for t in stories[0][1:-1]] != [t["id"] for t in stories[1][1:-1]]
+    assert "kite" in stories[1][-1]["used"]
+    for body in ({"prompt": "Once", "boost": 3}, {"request": request, "boost": 50}):
+        refused = client.post("/api/generate", json=body)
+        assert refused.status_code == 400 and "boost leans the sampler" in refused.text

@@ -15,6 +15,7 @@ from tiny_llm.generate import generate, stream_sample
 from tiny_llm.gpt import GPT, GPTConfig
 from tiny_llm.instruct import FEATURES, render_request, score_story
 from tiny_llm.modern import ModernConfig, ModernGPT
+from tiny_llm.request_data import uses_word
 from tiny_llm.tokenize import EOT, load_tokenizer, tokenizer_sha256
 
 SAMPLING = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 7}
@@ -327,6 +328,10 @@ def test_a_request_story_ends_with_its_scores_by_step_17s_rules(writers):
     expected = score_story({**request, "summary": None}, story)
     assert lines[-1]["scores"] == expected
     assert lines[-1]["reward"] == pytest.approx((expected["words"] + expected["dialogue"]) / 2)
+    assert lines[-1]["used"] == [w for w in ("dog", "the") if uses_word(story, w)]
+    assert set(lines[-1]["in_sentence"]) <= set(lines[-1]["used"])  # the page marks both
+    empty = client.post("/api/generate", json={"writer": 1, "request": {"words": [" ", ""]}})
+    assert empty.status_code == 400 and "asks for no words" in empty.json()["error"]
     plain = stream(client, writer=1, prompt="Once", max_new_tokens=2)
     assert "scores" not in plain[-1]  # a prompt asks for nothing
 
@@ -365,3 +370,123 @@ def test_a_run_folder_is_named_by_its_checkpoint(tmp_path, sample_data_dir):
     tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir)
     assert studio.load_writer(tmp_path / "run", data_dir=sample_data_dir).name == (
         "run/ckpt.pt (step 5)")
+
+
+# ----- OpenAI's chat API -----
+
+
+def chat(client, **body):
+    return client.post("/v1/chat/completions", json=body)
+
+
+def test_the_openai_api_lists_the_models_and_answers_a_chat(writers):
+    client = local(studio.create_app(writers))
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["gpt", "modern"]
+    messages = [{"role": "system", "content": "Be kind."},
+                {"role": "user", "content": "Once upon a time"}]
+    answer = chat(client, model="gpt", messages=messages, max_tokens=12, seed=7,
+                  temperature=0.9).json()
+    choice = answer["choices"][0]
+    assert answer["object"] == "chat.completion" and choice["message"]["role"] == "assistant"
+    assert answer["usage"]["completion_tokens"] <= 12 and choice["finish_reason"] in (
+        "stop", "length")
+    tok = writers[0].tokenizer  # the last user message is the prompt of a plain model
+    seeded = torch.Generator().manual_seed(7)
+    out = generate(writers[0].model, torch.tensor([tok.encode("Once upon a time").ids]), 12,
+                   temperature=0.9, generator=seeded, eot_id=tok.token_to_id(EOT))
+    assert choice["message"]["content"] == tok.decode(out[0, 4:].tolist())
+    # a requests model reads the content as the words, in step 17's request format
+    asked = chat(client, model="modern", messages=[{"role": "user", "content": "dog, moon"}],
+                 max_tokens=3).json()
+    assert asked["usage"]["prompt_tokens"] == len(
+        tok.encode(render_request(words=["dog", "moon"])).ids)
+
+
+def test_a_streamed_chat_is_server_sent_events_ending_in_done(writers):
+    client = local(studio.create_app(writers))
+    body = {"model": "gpt", "messages": [{"role": "user", "content": "Once"}], "max_tokens": 10,
+            "seed": 3}
+    whole = chat(client, **body).json()["choices"][0]["message"]["content"]
+    response = chat(client, **body, stream=True)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == whole
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"model": "gpt-4", "messages": [{"role": "user", "content": "Hi"}]}, 404, "no model 'gpt-4'"),
+    ({"model": "gpt", "messages": [{"role": "system", "content": "Hi"}]}, 400, "no message with"),
+    ({"model": "gpt", "messages": "Hi"}, 400, "messages must be a list"),
+    ({"model": "gpt", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 0}, 400,
+     "length must be"),
+    ({"model": "modern", "messages": [{"role": "user", "content": ", ,"}]}, 400,
+     "asks for no words"),
+])
+def test_chat_refusals_are_openai_shaped_errors(writers, body, status, message):
+    response = chat(local(studio.create_app(writers)), **body)
+    assert response.status_code == status and message in response.json()["error"]["message"]
+    foreign = TestClient(studio.create_app(writers), base_url="http://evil.example:8000")
+    assert chat(foreign, **body).status_code == 421  # the Host check covers the API too
+
+
+def test_the_judge_grades_through_the_studio_and_counts_what_it_cannot_read(
+        writers, tmp_path, sample_data_dir, monkeypatch, capsys):
+    """A real server (uvicorn in a thread, a free port) and a real tiny model: its answers are
+    not JSON, and the judge counts them unreadable, keeps them, and asks nothing twice."""
+    import sys
+    import threading
+    import time
+
+    import uvicorn
+
+    from tiny_llm import evaluate
+
+    sock = studio.listening_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(studio.create_app(writers), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    ckpt = tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir)
+    argv = ["evaluate", "--checkpoint", str(ckpt), "--data-dir", str(sample_data_dir),
+            "--max-batches", "1", "--samples", "0", "--stories", "2", "--story-tokens", "8",
+            "--judge", url, "--judge-model", "gpt", "--device", "cpu"]
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        evaluate.main()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    out = capsys.readouterr().out
+    assert "2 of 2" in out and out.count("unreadable       run, story") == 2
+    kept = [json.loads(line) for line in (tmp_path / "run" / "judge.jsonl").open()]
+    assert len(kept) == 2 and all(k["answer"] and k["request"]["temperature"] == 0 for k in kept)
+    evaluate.main()  # the server is gone: every answer comes from the record
+    assert capsys.readouterr().out.splitlines()[-3:] == out.splitlines()[-3:]
+
+
+def test_two_checkpoints_of_two_tokenizers_each_read_their_own(tmp_path, sample_data_dir):
+    """One checkpoint of the prepared data, one whose tokenizer lies beside it (as an import's
+    does, or its run's --data-dir): each writer decodes with its own; one whose tokenizer is
+    nowhere is refused with the checkpoint check's advice."""
+    plain = tiny_checkpoint(tmp_path / "plain" / "ckpt.pt", sample_data_dir)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tokenizer.json").write_text((sample_data_dir / "tokenizer.json").read_text() + "\n")
+    ckpt = tiny_checkpoint(other / "ckpt.pt", sample_data_dir)
+    state = torch.load(ckpt, weights_only=True)
+    state["tokenizer_sha256"] = tokenizer_sha256(other / "tokenizer.json")
+    save_checkpoint(ckpt, state)
+    first, second = (studio.load_writer(p, data_dir=sample_data_dir) for p in (plain, other))
+    assert first.data_dir == sample_data_dir and second.data_dir == other
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    save_checkpoint(lost / "ckpt.pt", {**state, "train_config": {"data_dir": str(tmp_path)}})
+    with pytest.raises(ValueError, match="different tokenizer"):
+        studio.load_writer(lost / "ckpt.pt", data_dir=sample_data_dir)
+

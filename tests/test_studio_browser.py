@@ -97,7 +97,8 @@ def test_the_studio_streams_inspects_and_stops_in_chromium(tmp_path, sample_data
         wait(lambda: "checkpoint 1: run/ckpt.pt" in driver.find_element("id", "who").text)
         js("document.getElementById('length').value = 40")
         driver.find_element("id", "write").click()
-        status = lambda: driver.find_element("css selector", ".status").text  # noqa: E731
+        status = lambda: " ".join(  # noqa: E731 ("" until the story's box is on the page)
+            e.text for e in driver.find_elements("css selector", ".status"))
         wait(lambda: "ended by" in status(), what="a 40-token story")
         log = js("return studio.log")
         assert [entry["n"] for entry in log] == list(range(1, 41))
@@ -197,10 +198,24 @@ def test_names_are_text_requests_go_side_by_side_and_nothing_goes_stale(tmp_path
         assert prompts[0] == prompts[1]  # the very same request, token for token
         rewards = [e.text for e in driver.find_elements("css selector", ".reward")]
         assert all(r.startswith("reward ") and "words used" in r for r in rewards)
+        marks = driver.find_elements("css selector", ".reward .word")  # dog, moon, brave twice
+        assert [m.text for m in marks] == ["dog", "moon", "brave"] * 2
+        assert all(m.get_attribute("class").split()[1] in ("in", "used", "missed") for m in marks)
         width = js("return document.querySelector('.text').getBoundingClientRect().width")
         assert width >= 250, width  # was 130 px at 900 px
         driver.find_elements("css selector", ".tok:not(.prompt)")[3].click()
         wait(lambda: driver.find_element("id", "ctx").text, what="the inspector")
+        # 2 layers x 2 heads of 12-px rows under 56 px of column labels, one per token
+        assert js("return document.getElementById('heads').height") == 56 + 4 * 12
+        for width in (1280, 390):  # a desktop and a phone: nothing wider than the window
+            driver.set_window_size(width, 900)
+            inner = js("return window.innerWidth")
+            assert js("return document.documentElement.scrollWidth") <= inner, width
+            shot = tmp_path / f"studio-{width}.png"
+            driver.save_screenshot(str(shot))
+            if os.environ.get("STUDIO_SCREENSHOTS"):  # a folder, to look at them
+                shutil.copy(shot, os.environ["STUDIO_SCREENSHOTS"])
+        driver.set_window_size(900, 900)
         js("document.getElementById('temperature').value = -1")  # refused by the server
         driver.find_element("id", "write").click()
         wait(lambda: "temperature must be" in driver.find_element("id", "message").text)

@@ -12,6 +12,8 @@ Run the check:  uv run python -m tiny_llm.evaluate --checkpoint runs/tiny/ckpt.p
 
 import argparse
 import math
+import os
+import re
 import threading
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from tiny_llm.data import load_meta, load_token_array
 from tiny_llm.device import pick_device
 from tiny_llm.files import check_writable, save_figure
 from tiny_llm.generate import DEFAULTS, generate
+from tiny_llm.judge import GRADES, JudgeRecord, judge_request
 from tiny_llm.loss import evaluate_loss
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.plots import plot_attention_maps, plot_loss_gap, plot_positions, write_gap_csv
@@ -65,9 +68,99 @@ def samples(model, tokenizer, n, seed, max_new_tokens=40, prompt="Once upon a ti
                                       **DEFAULTS)[0].tolist()) for _ in range(n)]
 
 
+def ngrams(words, n):
+    """The word n-grams of a list of words, in order: (a b c), n=2 -> [(a, b), (b, c)]."""
+    return list(zip(*(words[i:] for i in range(n)), strict=False))
+
+
+def repeated_share(items):
+    """The share of items equal to one before them: [a, b, a, a] -> 0.5; [] -> 0.0."""
+    return (len(items) - len(set(items))) / len(items) if items else 0.0
+
+
+def story_grades(text):
+    """Grades that need no judge, each in [0, 1]: the share of word 4-grams and of sentences
+    that repeat an earlier one (a loop scores high), and distinct-1 and distinct-2, the share
+    of words and word pairs that differ (a loop scores low).
+    'The cat sat. The cat sat. The cat sat.' -> repeated sentences 0.67, distinct-1 0.33"""
+    words = re.findall(r"[a-z']+", text.lower())
+    sentences = [s.strip().lower() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
+    return {"repeated 4-grams": repeated_share(ngrams(words, 4)),
+            "repeated sentences": repeated_share(sentences),
+            "distinct-1": 1 - repeated_share(words) if words else 0.0,
+            "distinct-2": 1 - repeated_share(ngrams(words, 2)) if len(words) > 1 else 0.0}
+
+
+def mean_spread(values):
+    """(mean, standard deviation) of a list of numbers; (nan, nan) for none."""
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+# A later step lends its own prompts by name, as the checkpoint's model table does: step 17's
+# requests (a story for a request, graded on the words it used). Step 11 never imports it.
+PROMPT_MAKERS = [("tiny_llm.instruct", "graded_requests")]
+
+
+def story_prompts(ckpt, n, seed):
+    """n (prompt, grade(story) -> {name: number} or None): a later step's, where one knows
+    this checkpoint, else "Once upon a time" with no extra grades."""
+    import importlib
+    import importlib.util
+
+    for module, attr in PROMPT_MAKERS:
+        if importlib.util.find_spec(module) is not None:
+            made = getattr(importlib.import_module(module), attr)(ckpt, n, seed)
+            if made:
+                return made
+    return [("Once upon a time", None)] * n
+
+
+def graded_stories(model, ckpt, tokenizer, n, seed, max_new_tokens):
+    """n stories (without their prompts) for the grades, from one seeded generator, and each
+    story's grades: story_grades' and a later step's (words used)."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    for prompt, extra in story_prompts(ckpt, n, seed):
+        idx = torch.tensor([tokenizer.encode(prompt).ids], device=device)
+        out = generate(model, idx, max_new_tokens, generator=generator, **DEFAULTS)
+        story = tokenizer.decode(out[0, idx.shape[1]:].tolist())
+        rows.append((prompt, story, {**story_grades(story), **(extra(story) if extra else {})}))
+    return rows
+
+
+def grades_table(graded, judged):
+    """Print one row per checkpoint: each grade's mean ± spread over its stories; with a judge,
+    its four grades and the answers it gave that could not be read (counted, then shown)."""
+    names = list(next(iter(graded.values()))[0][2])
+    heads = names + (list(GRADES) + ["unreadable"] if judged else [])
+    print(f"{'grades':<16} " + " ".join(f"{h:>18}" for h in heads))
+    for name, rows in graded.items():
+        cells = []
+        for key in names:
+            mean, spread = mean_spread([r[2][key] for r in rows if r[2].get(key) is not None])
+            cells.append(f"{mean:.2f} ± {spread:.2f}")
+        if judged:
+            marks = judged[name]
+            read = [g for g, _ in marks if g is not None]
+            for key in GRADES:
+                mean, spread = mean_spread([g[key] for g in read])
+                cells.append(f"{mean:.2f} ± {spread:.2f}")
+            cells.append(f"{len(marks) - len(read)} of {len(marks)}")
+        print(f"{name:<16} " + " ".join(f"{c:>18}" for c in cells))
+    for name, marks in (judged or {}).items():
+        for i, (grades, answer) in enumerate(marks, start=1):
+            if grades is None:
+                print(f"{'unreadable':<16} {name}, story {i}: {answer[:100]!r}")
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description="Step 11: score a checkpoint on valid.bin.")
-    parser.add_argument("--checkpoint", type=Path, required=True, help="e.g. runs/small/ckpt.pt")
+    parser.add_argument("--checkpoint", type=Path, required=True, action="append",
+                        help="e.g. runs/small/ckpt.pt; several are graded side by side")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help=f"default: {DATA_DIR}")
     parser.add_argument("--max-batches", type=int, default=None,
                         help="score only this many batches (default: all of valid.bin)")
@@ -83,7 +176,26 @@ def parse_args():
     parser.add_argument("--samples", type=int, default=2, help="stories to print")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    parser.add_argument("--stories", type=int, default=4,
+                        help="stories written for the grades (the same prompts and seed for each)")
+    parser.add_argument("--story-tokens", type=int, default=100, help="the longest one")
+    parser.add_argument("--judge", default=None, help="an OpenAI-compatible server that grades "
+                        "the stories: http://127.0.0.1:11434 (Ollama), :8080 (llama-server)")
+    parser.add_argument("--judge-model", default=None, help="the judge's model: qwen2.5:1.5b")
+    parser.add_argument("--judge-key-env", default=None,
+                        help="the environment variable that holds the judge's API key, if any")
+    parser.add_argument("--judge-dir", type=Path, default=None, help="where judge.jsonl keeps "
+                        "every request and answer (default: beside each checkpoint)")
     args = parser.parse_args()
+    if args.judge and not args.judge_model:
+        parser.error("--judge needs --judge-model, the name of a model it serves "
+                     "(`ollama list` shows yours)")
+    if args.stories < 0 or args.story_tokens < 1:
+        parser.error(f"--stories must be >= 0 and --story-tokens >= 1, got {args.stories} and "
+                     f"{args.story_tokens}")
+    if args.judge_key_env and not os.environ.get(args.judge_key_env):
+        parser.error(f"--judge-key-env {args.judge_key_env}: that environment variable is "
+                     "not set (export it first)")
     for name in ("max_batches", "batch_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -141,6 +253,25 @@ def report(args):
     for i, text in enumerate(samples(model, tokenizer, args.samples, args.seed), start=1):
         print(f"{f'sample {i}':<16} {text!r}")
     draw_pictures(args, model, tokenizer, log)
+    return model, ckpt, tokenizer
+
+
+def grade(args, checkpoints):
+    """The grades of every checkpoint (a path -> (model, ckpt, tokenizer)), side by side: the
+    same prompts and seed for each; with --judge, graded by it too."""
+    graded, judged = {}, {}
+    key = os.environ.get(args.judge_key_env) if args.judge_key_env else None
+    for path, (model, ckpt, tokenizer) in checkpoints.items():
+        name = path.parent.name or str(path)
+        rows = graded[name] = graded_stories(model, ckpt, tokenizer, args.stories, args.seed,
+                                             args.story_tokens)
+        if args.judge:
+            record = JudgeRecord((args.judge_dir or path.parent) / "judge.jsonl")
+            judged[name] = [record.grade(args.judge, judge_request(
+                args.judge_model, prompt, story, args.seed), key) for prompt, story, _ in rows]
+    print(f"{'stories':<16} {args.stories} for each checkpoint, up to {args.story_tokens} "
+          f"tokens, seed {args.seed}" + (f", graded by {args.judge_model}" if args.judge else ""))
+    grades_table(graded, judged)
 
 
 SENTENCE = "Lily had a red ball. She gave the ball to her little brother, and he smiled."
@@ -240,7 +371,11 @@ def draw_pictures(args, model, tokenizer, log):
 def main():
     args = parse_args()
     try:
-        report(args)
+        checkpoints = {}
+        for path in args.checkpoint:
+            checkpoints[path] = report(argparse.Namespace(**{**vars(args), "checkpoint": path}))
+        if args.stories:
+            grade(args, checkpoints)
     except (OSError, ValueError) as err:  # OSError: a missing file, a folder not writable
         raise SystemExit(f"error: {err}") from None
 

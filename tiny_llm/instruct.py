@@ -25,6 +25,8 @@ Ask for one:    uv run python -m tiny_llm.instruct write --checkpoint runs/reque
 """
 
 import argparse
+import functools
+import importlib
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -48,11 +50,13 @@ from tiny_llm.request_data import (  # noqa: F401 (FIELDS, parse_record: step 17
     MixedRows,
     check_request,
     derived_records,
+    free_request,
     instruct_records,
     learned_requests,
     parse_record,
     score_story,
     takes_requests,
+    word_grades,
 )
 from tiny_llm.scale import main as ranks_command
 from tiny_llm.tokenize import EOT, load_tokenizer
@@ -232,6 +236,15 @@ def measure(model, tokenizer, requests, max_new_tokens=200, seed=0, plain=False)
     return {k: sum(v) / len(v) if v else None for k, v in means.items()}, stories
 
 
+def graded_requests(ckpt, n, seed=0):
+    """Step 11's grades lent this step's prompts (evaluate.PROMPT_MAKERS): n free requests
+    for a checkpoint tuned on requests, each with word_grades for its story; else None."""
+    if not takes_requests(ckpt):
+        return None
+    words = [free_request(i, seed)["words"] for i in range(n)]
+    return [(render_request(words=w), functools.partial(word_grades, words=w)) for w in words]
+
+
 # ----- plugging into steps 09 and 10 -----
 
 
@@ -307,6 +320,12 @@ class RequestHooks(TrainHooks):
         return model_state, {}
 
 
+# A steer a later step lends the write command, by name: step 17 never imports step 18 (the
+# checkpoint's model table works the same way). "boost": WordBoost(tokenizer, words, strength,
+# prompt_length).
+STEERS = {"boost": ("tiny_llm.reward", "WordBoost")}
+
+
 class RequestWriting(WriteHooks):
     """Step 09's generate command with a request in place of the prompt, and step 12's cache."""
 
@@ -314,8 +333,13 @@ class RequestWriting(WriteHooks):
         parser.add_argument("--words", default="", help="a request's words: dog,moon,brave")
         parser.add_argument("--features", default="", help="Dialogue, Twist, ...")
         parser.add_argument("--sentence", default=None, help="a sentence the story must hold")
+        parser.add_argument("--boost", type=float, default=0.0, help="lean the sampler towards "
+                            "--words not used yet by this much (3; step 18's word boost)")
 
     def prompt(self, args):
+        if (args.boost and not args.words) or not 0 <= args.boost <= 20:
+            raise ValueError(f"--boost leans the sampler towards --words, by 0 to 20 (3 is "
+                             f"plenty): got --boost {args.boost} with --words {args.words!r}")
         if not (args.words or args.features or args.sentence):
             return args.prompt
         if args.prompt is not None:
@@ -324,7 +348,22 @@ class RequestWriting(WriteHooks):
         split = lambda text: tuple(w.strip() for w in text.split(",") if w.strip())  # noqa: E731
         args.request = {"words": split(args.words), "features": split(args.features),
                         "sentence": args.sentence}
+        if args.words and not args.request["words"]:
+            raise ValueError(f"--words {args.words!r} names no word: give words separated by "
+                             "commas, --words dog,moon,brave")
         return render_request(**args.request)
+
+    def steer(self, args, tokenizer):
+        if not args.boost:
+            return None
+        module, name = STEERS["boost"]
+        boost = getattr(importlib.import_module(module), name)(
+            tokenizer, args.request["words"], args.boost, len(tokenizer.encode(args.prompt).ids))
+        if boost.bytes_only:
+            print(f"note: --boost: this tokenizer spells {', '.join(boost.bytes_only)} in byte "
+                  "pieces (it never saw the word): the boost leans only towards its first "
+                  "byte, and the story may show stray characters", file=sys.stderr)
+        return boost
 
     def cache(self, model):
         return fresh_cache(model)

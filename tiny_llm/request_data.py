@@ -10,11 +10,11 @@ rewards. The rules are stated once, here.
 """
 
 import itertools
-from collections import Counter
 import json
 import random
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +95,43 @@ def uses_word(story, word):
     if w.endswith("y"):
         forms |= {w[:-1] + "ies", w[:-1] + "ied", w[:-1] + "ier", w[:-1] + "iest"}
     return any(t in forms for t in re.findall(r"[a-z]+", story.lower()))
+
+
+MIN_SENTENCE_WORDS = 5  # shorter, or mostly the asked-for words: a pile, not a sentence
+
+
+def story_sentences(story):
+    """The story cut after . ! ? and at line ends, quotes dropped, each as its lower-case words.
+    'Dog moon brave. "Hi," she said.' -> [['dog', 'moon', 'brave'], ['hi', 'she', 'said']]"""
+    pieces = re.split(r"(?<=[.!?])\s+(?=[A-Z])|\n+", story.replace('"', " "))
+    return [words for p in pieces if (words := re.findall(r"[a-z']+", p.lower()))]
+
+
+def is_pile(sentence, words):
+    """Whether a sentence (its words) holds an asked-for word without being a sentence: under
+    MIN_SENTENCE_WORDS words, or half of it or more the asked-for words. ['dog', 'moon',
+    'brave'] -> True; ['the', 'dog', 'looked', 'at', 'the', 'moon'] -> False."""
+    asked = sum(any(uses_word(t, w) for w in words) for t in sentence)
+    return asked > 0 and (len(sentence) < MIN_SENTENCE_WORDS or 2 * asked >= len(sentence))
+
+
+def in_a_sentence(story, word, words=None):
+    """Whether the story uses `word` (uses_word's forms) inside a sentence that is no pile of
+    the asked-for `words`, and at most max(3, a twentieth of its words) times: 'The dog slept
+    by the door.' uses dog in a sentence; 'Dog moon brave.' does not; 'dog' thirty times in
+    a story of 100 words is repetition, not use."""
+    words, sentences = words or (word,), story_sentences(story)
+    n = sum(uses_word(t, word) for s in sentences for t in s)
+    if n > max(3, sum(map(len, sentences)) // 20):
+        return False
+    return any(uses_word(" ".join(s), word) and not is_pile(s, words) for s in sentences)
+
+
+def word_grades(story, words):
+    """The shares of the asked-for words the story uses, anywhere and in a sentence (step 11's
+    grades of a requests model). 'Dog moon brave.', (dog, moon) -> 1.0 and 0.0."""
+    return {"words used": sum(uses_word(story, w) for w in words) / len(words),
+            "in a sentence": sum(in_a_sentence(story, w, words) for w in words) / len(words)}
 
 
 def score_story(request, story):

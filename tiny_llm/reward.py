@@ -21,6 +21,7 @@ Measure one:    uv run python -m tiny_llm.reward write --checkpoint runs/reward/
 
 import argparse
 import math
+import re
 import shlex
 import sys
 import time
@@ -41,6 +42,7 @@ from tiny_llm.checkpoint import (
 )
 from tiny_llm.data import ensure_data, load_token_array
 from tiny_llm.device import pick_device, pick_threads
+from tiny_llm.evaluate import story_grades
 from tiny_llm.files import file_sha256, save_figure
 from tiny_llm.flags import check_resume_settings
 from tiny_llm.generate import generate
@@ -58,15 +60,43 @@ from tiny_llm.kvcache import fresh_cache
 from tiny_llm.loop_shell import LoopShell, check_run_length, refuse_non_finite
 from tiny_llm.paths import DATA_DIR
 from tiny_llm.processes import hold_run_folder
-from tiny_llm.request_data import free_request, measure_line, score_story, uses_word
+from tiny_llm.request_data import (
+    free_request,
+    in_a_sentence,
+    is_pile,
+    measure_line,
+    story_sentences,
+    uses_word,
+)
 from tiny_llm.tokenize import EOT, load_tokenizer
 
 
+def reward_parts(request, story):
+    """What the reward is made of: the share of asked-for words used in a sentence of the story
+    (request_data.in_a_sentence: not in a pile of them, not over and over), the sentence and
+    Dialogue where asked (None where not: leaving quotes out earns nothing), and two penalties,
+    the share of repeated word 4-grams and of the story's sentences that are piles. A request
+    with no words is refused: a story cannot fail it, so it would teach nothing."""
+    words = request["words"]
+    if not words:
+        raise ValueError("the request asks for no words: the reward scores the words a story "
+                         "uses, so give at least one (--words dog,moon,brave)")
+    sentences = story_sentences(story)
+    asked = "Dialogue" in request["features"]
+    return {"words": sum(in_a_sentence(story, w, words) for w in words) / len(words),
+            "sentence": float(request["sentence"] in story) if request["sentence"] else None,
+            "dialogue": float(bool(re.search(r"\"[^\"]+\"", story))) if asked else None,
+            "repetition": story_grades(story)["repeated 4-grams"],
+            "piles": sum(is_pile(s, words) for s in sentences) / max(1, len(sentences))}
+
+
 def reward(request, story):
-    """One number in [0, 1]: the mean of the score_story fields that apply to the request.
-    Words dog, moon and no Dialogue; 'The dog slept.' -> words 0.5, dialogue 1.0 -> 0.75."""
-    scores = [v for v in score_story(request, story).values() if v is not None]
-    return sum(scores) / len(scores)
+    """One number in [0, 1]: the mean of the parts the request asks for, less the penalties.
+    Words dog, moon, brave: 'The dog looked at the moon and smiled.' -> 2/3 = 0.667;
+    'Dog moon brave.' -> 0 (no sentence uses them; the only sentence is a pile: -1)."""
+    parts = reward_parts(request, story)
+    scores = [parts[k] for k in ("words", "sentence", "dialogue") if parts[k] is not None]
+    return max(0.0, sum(scores) / len(scores) - parts["repetition"] - parts["piles"])
 
 
 def advantages(rewards):
@@ -203,8 +233,12 @@ def draw_requests(records, cfg, generator):
     for _ in range(cfg.requests_per_step):
         pick, i = torch.rand(1, generator=generator).item(), torch.randint(10**9, (1,),
                                                                           generator=generator)
-        requests.append(free_request(i.item(), cfg.seed) if pick < cfg.free_share
-                        else records[i.item() % len(records)][0])
+        request = (free_request(i.item(), cfg.seed) if pick < cfg.free_share
+                   else records[i.item() % len(records)][0])
+        while not request["words"]:  # a story of names and stop words: the next one's
+            i += 1
+            request = records[i.item() % len(records)][0]
+        requests.append(request)
     return requests
 
 
@@ -375,22 +409,46 @@ def toy_run(steps=60, kl_coef=0.05, seed=0):
     return logs[0]["reward"], logs[-1]["reward"], logs[-1]["kl"]
 
 
+def parts_line(request, story):
+    """The reward of a story and its parts, as the check and `reward score` print them."""
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in reward_parts(request, story).items()
+                      if v is not None)
+    return f"{'reward':<12} {reward(request, story):.3f} ({parts})"
+
+
 def check():
     """The step's check: the reward's rules, the advantages of a group, the toy run."""
     request = {"words": ("dog", "moon", "brave"), "features": (), "sentence": None,
                "summary": None}
     print(f"{'request':<12} {render_request(**request)!r}")
-    for story in ("The dog looked at the moon and smiled.", "Dog moon brave.",
-                  '"Look!" said the dog.'):
-        fields_ = ", ".join(f"{k} {v:.2f}" for k, v in score_story(request, story).items()
-                            if v is not None)
-        print(f"{'reward':<12} {reward(request, story):.3f} ({fields_})  {story!r}")
+    for story in ("The brave dog looked at the moon and smiled.", "Dog moon brave.",
+                  "The dog and the moon. The dog and the moon. The dog and the moon."):
+        print(f"{parts_line(request, story)}  {story!r}")
     a = advantages(torch.tensor([[1.0, 0.75, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]])).tolist()
     print(f"{'advantages':<12} {[round(x, 3) for x in a[0]]} and {a[1]} (a group that agrees)")
     for kl_coef in (0.05, 1.0):  # a strong KL term holds the model where it started
         before, after, kl = toy_run(kl_coef=kl_coef)
         print(f"{'toy run':<12} kl_coef {kl_coef}: reward {before:.3f} -> {after:.3f} in 60 "
               f"updates, KL to the start {kl:.3f}")
+
+
+def score_command(argv):
+    """`reward score --words dog,moon,brave --story "Dog moon brave."`: a story's reward and
+    its parts, to try the reward by hand."""
+    parser = argparse.ArgumentParser(description="Score a story as step 18's reward does.")
+    parser.add_argument("--words", required=True, help="the request's words: dog,moon,brave")
+    parser.add_argument("--features", default="", help="Dialogue, ...")
+    parser.add_argument("--sentence", default=None, help="a sentence the story must hold")
+    parser.add_argument("--story", required=True, help="the story, in quotes")
+    args = parser.parse_args(argv)
+    split = lambda text: tuple(w.strip() for w in text.split(",") if w.strip())  # noqa: E731
+    request = {"words": split(args.words), "features": split(args.features),
+               "sentence": args.sentence, "summary": None}
+    try:
+        print(f"{'request':<12} {render_request(**request)!r}")
+        print(parts_line(request, args.story))
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def plot_rewards(records, path):
@@ -413,58 +471,56 @@ def plot_rewards(records, path):
 
 
 class WordBoost:
-    """A steer for step 09's sampler: adds `strength` to the score of the token that begins
-    each requested word the story has not used yet, as the tokenizer spells it after a space
-    (" kite"), and once a word is begun, to the token that goes on with it. The model is not
-    changed; the sampler leans towards the words it was asked for, and stops leaning once a
-    word is in the story (step 17's uses_word: "kites" counts)."""
+    """A steer for step 09's sampler: raises the score of the token that begins each requested
+    word the story has not used yet, as the tokenizer spells it after a space (" kite"), and
+    once a word is begun, of the token that goes on with it: by `strength`, and at least to
+    `strength` below the row's best score. Adding alone cannot act where the model is sure: a
+    trained model puts " kite" 10 or more below the 50th token, top-k 50 cut it with or without
+    +3, and the story came out byte for byte the same. The model is not changed; the sampler
+    leans towards the words it was asked for, and stops once a word is in the story (step
+    17's uses_word: "kites" counts)."""
 
     def __init__(self, tokenizer, words, strength, prompt_length):
         self.tokenizer, self.strength, self.start = tokenizer, strength, prompt_length
         self.spellings = {w: tokenizer.encode(" " + w).ids for w in words}
+        # a word the tokenizer never learned (emoji, Cyrillic, CJK in an English vocabulary)
+        # is spelled in byte pieces: boosting its first byte writes stray characters
+        self.bytes_only = [w for w, ids in self.spellings.items()
+                           if any("\ufffd" in tokenizer.decode([i]) for i in ids)]
 
     def __call__(self, idx, logits):
         logits = logits.clone()
         for row, ids in enumerate(idx[:, self.start:].tolist()):
             story = self.tokenizer.decode(ids)
+            floor = logits[row].max() - self.strength  # top-k and top-p keep what reaches it
             for word, spelling in self.spellings.items():
                 if not uses_word(story, word):  # how much of it the story ends with: 0, 1, ...
                     begun = max((j for j in range(1, len(spelling))
                                  if ids[-j:] == spelling[:j]), default=0)
-                    logits[row, spelling[begun]] += self.strength
+                    t = spelling[begun]
+                    logits[row, t] = torch.maximum(logits[row, t] + self.strength, floor)
         return logits
 
 
 class RewardWriting(RequestWriting):
-    """Step 17's write command; with --measure, what the story did and its reward; with
-    --boost, the sampler steered towards the requested words."""
+    """Step 17's write command (its --boost is this step's WordBoost); with --measure, what the
+    story did and its reward."""
 
     def add_flags(self, parser):
         super().add_flags(parser)
         parser.add_argument("--measure", action="store_true", help="print the story's reward")
-        parser.add_argument("--boost", type=float, default=0.0,
-                            help="add this to the score of a requested word not yet used (3)")
 
     def prompt(self, args):
-        if args.measure and not (args.words or args.features or args.sentence):
+        if args.measure and not args.words.replace(",", "").strip():
             raise ValueError("--measure scores a story against its request: give --words "
                              "(and --features, --sentence)")
-        if (args.boost and not args.words) or not 0 <= args.boost <= 20:
-            raise ValueError(f"--boost leans the sampler towards --words, by 0 to 20 (3 is "
-                             f"plenty): got --boost {args.boost} with --words {args.words!r}")
         return super().prompt(args)
-
-    def steer(self, args, tokenizer):
-        if args.boost:
-            return WordBoost(tokenizer, args.request["words"], args.boost,
-                             len(tokenizer.encode(args.prompt).ids))
-        return None
 
     def written(self, args, story):
         if args.measure:
             request = parse_record(args.prompt + story)[0]  # the request, as rendered
             print(measure_line(request, story))
-            print(f"{'reward':<12} {reward(request, story):.3f}")
+            print(parts_line(request, story))
 
 
 def parse_args(argv):
@@ -512,6 +568,8 @@ def main(argv=None):
         return check()
     if argv[0] == "write":  # a story for a request, measured with --measure
         return write_command(argv[1:], RewardWriting())
+    if argv[0] == "score":  # a story of your own, scored
+        return score_command(argv[1:])
     try:
         if "--plot" in argv:
             return plot_command(argv)

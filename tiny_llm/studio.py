@@ -11,7 +11,13 @@ chose it attended, per layer and head (steps 05 and 06). A checkpoint fine-tuned
 requests (step 17) gets a form for words, features and a sentence (only those it was taught),
 and each story of a request shows its score by step 17's rules. A second checkpoint writes
 beside the first, from the same input and seed; a base model beside a fine-tuned one gets the
-same request as plain text: the zero-shot row, the "before" of "before and after".
+same request as plain text: the zero-shot row, the "before" of "before and after". Each
+checkpoint reads the tokenizer it was trained with (tokenizer_folder).
+
+It also speaks OpenAI's chat API, so `openai`'s client, step 11's judge and other tools can
+talk to a course model: GET /v1/models, POST /v1/chat/completions (streamed as server-sent
+events with `"stream": true`), the last user message the prompt, or a request for a model
+tuned on requests; temperature, top_p, max_tokens and seed as the API names them.
 
 Safe by default: only this machine can connect (another --host is a choice you make, with a
 warning), and only a page it served can use it: a request must name the studio's own address
@@ -28,6 +34,7 @@ tiny_llm/studio.html: plain HTML and JavaScript, no build step, nothing from the
 
 import argparse
 import functools
+import importlib
 import ipaddress
 import json
 import socket
@@ -41,15 +48,22 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from tiny_llm.checkpoint import model_from_checkpoint
+from tiny_llm.checkpoint import load_checkpoint, model_from_checkpoint
 from tiny_llm.device import pick_device
 from tiny_llm.evaluate import attention_maps
 from tiny_llm.generate import DEFAULTS, check_sampling, next_token_probs, sample_tokens
-from tiny_llm.instruct import render_request
+from tiny_llm.instruct import STEERS, render_request
 from tiny_llm.kvcache import fresh_cache
 from tiny_llm.paths import DATA_DIR
-from tiny_llm.request_data import FEATURES, check_learned, learned_requests, score_story
-from tiny_llm.tokenize import EOT, tokenizer_path
+from tiny_llm.request_data import (
+    FEATURES,
+    check_learned,
+    in_a_sentence,
+    learned_requests,
+    score_story,
+    uses_word,
+)
+from tiny_llm.tokenize import EOT, tokenizer_path, tokenizer_sha256
 
 PAGE = Path(__file__).with_name("studio.html")
 LIMITS = {"prompt_chars": 2000, "max_new_tokens": 1000, "running": 2,  # what one server allows
@@ -66,20 +80,36 @@ class Writer:
     model: torch.nn.Module
     tokenizer: Tokenizer
     learned: dict | None  # what requests it was fine-tuned on (step 17), None: plain prompts
+    data_dir: Path = DATA_DIR  # the folder of the tokenizer it was trained with
 
     @property
     def requests(self):
         return self.learned is not None
 
 
+def tokenizer_folder(path, ckpt, data_dir):
+    """The folder whose tokenizer.json the checkpoint was trained with: data_dir, else its
+    own (one beside it, as an import has, or its run's --data-dir), so two checkpoints of two
+    tokenizers write side by side; else data_dir, and the check says what is wrong."""
+    beside = Path(path) if Path(path).is_dir() else Path(path).parent  # a run folder, or a file
+    own = [beside, Path((ckpt.get("train_config") or {}).get("data_dir", data_dir))]
+    for folder in (Path(data_dir), *own):
+        file = folder / "tokenizer.json"
+        if file.is_file() and tokenizer_sha256(file) == ckpt.get("tokenizer_sha256"):
+            return folder
+    return Path(data_dir)
+
+
 def load_writer(path, device="cpu", data_dir=DATA_DIR):
     """A Writer from a checkpoint, after the project's checks (readable, the right keys, trained
-    with the tokenizer prepared in data_dir); ValueError or FileNotFoundError if not."""
+    with the tokenizer prepared in data_dir or with its own: tokenizer_folder); ValueError or
+    FileNotFoundError if not."""
+    data_dir = tokenizer_folder(path, load_checkpoint(path, device), data_dir)
     model, ckpt = model_from_checkpoint(path, device, data_dir=data_dir)
     tokenizer = Tokenizer.from_file(str(tokenizer_path(Path(data_dir) / "tokenizer.json")))
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)  # a run folder's
     name = f"{path.parent.name}/{path.name} (step {ckpt['step']:,})"
-    return Writer(name, model, tokenizer, learned_requests(ckpt))
+    return Writer(name, model, tokenizer, learned_requests(ckpt), Path(data_dir))
 
 
 def distributions(logits, temperature, top_k, top_p):
@@ -156,6 +186,9 @@ def prompt_text(writer, body):
                 check_learned(writer.learned, request, writer.name)
         except ValueError as err:
             raise Refused(str(err)) from None
+        if not request["words"]:  # nothing a story could miss: every story would score 1
+            raise Refused("the request asks for no words: a request is scored on the words a "
+                          "story uses, so give at least one (dog, moon)")
     if len(prompt) > LIMITS["prompt_chars"]:
         raise Refused(f"the prompt has {len(prompt):,} characters; the studio takes at most "
                       f"{LIMITS['prompt_chars']:,} (the model reads only its last "
@@ -182,7 +215,8 @@ def sampling_of(body):
     return temperature, top_k, top_p, seed, n
 
 
-def story_lines(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens, request=None):
+def story_lines(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens, request=None,
+                boost=0.0):
     """The story as JSON lines: the prompt's tokens, then one line per new token (its id, text,
     probability before and after sampling's reshaping, and the top candidates), then the end;
     for a request, the end carries the story's scores (step 17's score_story)."""
@@ -195,8 +229,13 @@ def story_lines(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens,
     generator = torch.Generator(device=device).manual_seed(seed)  # the generate command's draws
     idx = torch.tensor([ids], device=device)
     made, end, story = 0, "length", []
+    steer = None
+    if boost:  # step 18's word boost, lent by name through step 17's STEERS table
+        module, name = STEERS["boost"]
+        steer = getattr(importlib.import_module(module), name)(tokenizer, request["words"],
+                                                               boost, len(ids))
     for next_id, logits in sample_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
-                                         generator, eot_id, fresh_cache(model)):
+                                         generator, eot_id, fresh_cache(model), steer):
         i = next_id.item()
         before, after = distributions(logits, temperature, top_k, top_p)
         top = before.topk(min(TOP, before.shape[0])).indices.tolist()
@@ -218,7 +257,108 @@ def scores(request, story):
         return {}
     marks = score_story({**request, "summary": None}, story)
     asked = [v for v in marks.values() if v is not None]
-    return {"scores": marks, "reward": sum(asked) / len(asked)}
+    words = request["words"]
+    return {"scores": marks, "reward": sum(asked) / len(asked),
+            "used": [w for w in words if uses_word(story, w)],  # the page marks these
+            "in_sentence": [w for w in words if in_a_sentence(story, w, words)]}
+
+
+# ----- OpenAI's chat API: /v1/models and /v1/chat/completions, for clients and judges -----
+
+
+def model_ids(writers):
+    """The name each writer goes by in the API: its run folder ('runs/cpu/ckpt.pt' -> 'cpu'),
+    numbered where two share one ('cpu', 'cpu-2')."""
+    ids = []
+    for w in writers:
+        base = w.name.split("/")[0]
+        ids.append(base if base not in ids else f"{base}-{len(ids) + 1}")
+    return ids
+
+
+def chat_prompt(writer, messages):
+    """(prompt, request or None) for a chat: the last user message, rendered as step 17's
+    request for a model tuned on requests (its content is the words: "dog, moon", or words,
+    features and sentence fields as in the exported chat template), else taken as the prompt."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise Refused("messages must be a list of {\"role\": ..., \"content\": ...} objects")
+    users = [m for m in messages if m.get("role") == "user"]
+    if not users:
+        raise Refused("messages hold no message with role user: nothing to answer")
+    last = users[-1]
+    content = last.get("content") or ""
+    if isinstance(content, list):  # OpenAI's parts: [{"type": "text", "text": ...}, ...]
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    content = text(content, "the user message's content")
+    if not writer.requests:
+        return prompt_text(writer, {"prompt": content})
+    words = last.get("words", [w for w in content.split(",") if w.strip()])
+    return prompt_text(writer, {"request": {"words": words, "features": last.get("features"),
+                                            "sentence": last.get("sentence")}})
+
+
+def chat_sampling(body, limits):
+    """(temperature, top_k, top_p, seed, max_new_tokens) from a chat request: OpenAI's names
+    and defaults (temperature 1, top_p 1, no top-k); the seed 1337 unless one is given."""
+    top_p, n = body.get("top_p", 1.0), body.get("max_tokens")
+    return sampling_of({"temperature": body.get("temperature", 1.0), "top_k": None,
+                        "top_p": None if top_p == 1 else top_p, "seed": body.get("seed", 1337),
+                        "max_new_tokens": min(200, limits["max_new_tokens"]) if n is None else n})
+
+
+def completion_pieces(writer, prompt, temperature, top_k, top_p, seed, max_new_tokens):
+    """The answer's text in pieces as they are made (whole characters only), then
+    ("stop" or "length", tokens made): step 09's sampler through step 12's cache."""
+    model, tokenizer = writer.model, writer.tokenizer
+    eot_id = tokenizer.token_to_id(EOT)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor([tokenizer.encode(prompt).ids or [eot_id]], device=device)
+    ids, shown, end = [], "", "length"
+    for next_id, _ in sample_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
+                                    generator, eot_id, fresh_cache(model)):
+        if next_id.item() == eot_id:
+            end = "stop"
+            break
+        ids.append(next_id.item())
+        text_now = tokenizer.decode(ids)
+        if not text_now.endswith("\ufffd") and len(text_now) > len(shown):
+            yield text_now[len(shown):]
+            shown = text_now
+    if (rest := tokenizer.decode(ids)[len(shown):]):
+        yield rest
+    yield end, len(ids)
+
+
+def chat_reply(model_id, pieces, prompt_tokens):
+    """A non-streaming chat.completion object, as OpenAI's API answers one."""
+    import time
+
+    *texts, (end, made) = pieces
+    return {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion",
+            "created": int(time.time()), "model": model_id,
+            "choices": [{"index": 0, "finish_reason": end,
+                         "message": {"role": "assistant", "content": "".join(texts)}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": made,
+                      "total_tokens": prompt_tokens + made}}
+
+
+def chat_chunks(model_id, pieces):
+    """The server-sent events of a streamed answer: a chunk with the role, one per piece of
+    text, one with the finish reason, then data: [DONE]."""
+    import time
+
+    head = {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": model_id}
+    event = lambda delta, end=None: "data: " + json.dumps({**head, "choices": [  # noqa: E731
+        {"index": 0, "delta": delta, "finish_reason": end}]}) + "\n\n"
+    yield event({"role": "assistant", "content": ""})
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            yield event({}, piece[0])
+        else:
+            yield event({"content": piece})
+    yield "data: [DONE]\n\n"
 
 
 class Slots:
@@ -306,7 +446,10 @@ def create_app(writers, limits=None, host="127.0.0.1"):
     app.add_middleware(OwnHostOnly, names=served_names(host))
 
     @app.exception_handler(Refused)
-    async def refused(_request, err):
+    async def refused(request, err):
+        if request.url.path.startswith("/v1/"):  # OpenAI's shape, which its clients read
+            return JSONResponse({"error": {"message": str(err), "type": "invalid_request_error",
+                                           "code": err.status}}, status_code=err.status)
         return JSONResponse({"error": str(err)}, status_code=err.status)
 
     def writer_of(body):
@@ -357,7 +500,12 @@ def create_app(writers, limits=None, host="127.0.0.1"):
         if sampling[-1] > limits["max_new_tokens"]:
             raise Refused(f"length must be at most {limits['max_new_tokens']:,} tokens here")
         release = slots.take()
-        lines = story_lines(writer, prompt, *sampling, request=asked)
+        boost = body.get("boost", 0)
+        if isinstance(boost, bool) or not isinstance(boost, (int, float)) or not 0 <= boost <= 20 \
+                or (boost and asked is None):
+            raise Refused(f"boost leans the sampler towards a request's words, by 0 to 20 (3 is "
+                          f"plenty), got {boost!r:.40}" + ("" if asked else " for a prompt"))
+        lines = story_lines(writer, prompt, *sampling, request=asked, boost=boost)
 
         async def stream():  # one token a pull: a closed tab or stop means no more pulls
             try:
@@ -386,6 +534,45 @@ def create_app(writers, limits=None, host="127.0.0.1"):
         idx = torch.tensor([ids], device=device)
         rows = await run_in_threadpool(last_attention, writer.model, idx)
         return {"layers": rows.tolist()}
+
+    ids = model_ids(writers)
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": i, "object": "model", "created": 0,
+                                            "owned_by": "tiny-llm"} for i in ids]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await json_body(request)
+        if body.get("model") not in ids:
+            raise Refused(f"no model {body.get('model')!r:.60} here: this studio serves "
+                          f"{', '.join(ids)} (GET /v1/models)", 404)
+        writer = writers[ids.index(body["model"])]
+        prompt, _ = chat_prompt(writer, body.get("messages"))
+        sampling = chat_sampling(body, limits)
+        release = slots.take()
+        pieces = completion_pieces(writer, prompt, *sampling)
+        if not body.get("stream"):
+            try:
+                made = await run_in_threadpool(list, pieces)
+            finally:
+                release()
+            return chat_reply(body["model"], made, len(writer.tokenizer.encode(prompt).ids))
+        events = chat_chunks(body["model"], pieces)
+
+        async def stream():
+            try:
+                while (event := await run_in_threadpool(next, events, None)) is not None:
+                    yield event
+            finally:
+                events.close()
+                release()
+
+        body_iterator = stream()
+        weakref.finalize(body_iterator, release)
+        return StreamingResponse(body_iterator, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
 
     return app
 
@@ -450,7 +637,8 @@ def main(argv=None):
     for i, w in enumerate(writers):
         taught = w.learned and ", ".join(w.learned["fields"] + w.learned["features"])
         print(f"{f'checkpoint {i + 1}':<12} {w.name}" + (f", takes requests ({taught})"
-                                                        if w.requests else ""))
+                                                        if w.requests else "")
+              + (f", its tokenizer from {w.data_dir}" if w.data_dir != args.data_dir else ""))
     print(f"{'studio':<12} http://{host}:{port}/  (Ctrl-C stops it)", flush=True)
     serve(create_app(writers, host=args.host), sock)
 

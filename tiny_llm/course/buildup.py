@@ -42,6 +42,7 @@ HELPERS = {"__init__": 1, "files": 1, "paths": 1, "course/__init__": 1, "course/
            "course/workalong": 1, "course/diagrams": 2, "bpe": 2, "sample_stories": 2,
            "prepared": 3, "checks": 4, "loss": 10, "budget": 10, "checkpoint": 9,
            "processes": 10, "loop_shell": 10, "muon": 10, "flags": 10, "plots": 11, "ladder": 11,
+           "judge": 11,
            "static_decode": 13, "posenc": 14, "tuning": 15, "request_data": 17, "studio": 17}
 OTHER_FILES = {"studio.html": 17, **{f"web_page/{name}": 19 for name in (
     "index.html", "page.js", "tokenizer.js", "sampler.js")}}  # step 19's page
