@@ -72,7 +72,10 @@ def pytest_collection_modifyitems(config, items):
 # `pytest -n 0 --durations=40`; a module whose tests share a fixture counts as one piece of work.
 CONSOLE = "tests/test_chapters.py::test_console_block_matches_a_real_run["
 EXPECTED_SECONDS = [
-    ("tests/test_learner_path.py", 105),  # steps 04-10 typed along, 22 workalong runs, 200 steps
+    # steps 04-10 typed along, a case a step: a skeleton's tests, the step's tests, its checks
+    ("tests/test_learner_path.py::test_a_learner_writes_the_step[10]", 25),  # 3 training runs
+    ("tests/test_learner_path.py::test_a_learner_writes_the_step", 12),
+    ("tests/test_learner_path.py::test_the_learners_own_code_trains", 10),  # 200 steps
     (CONSOLE + "13-speed.md", 25),  # every setting of the small preset, one step each
     ("tests/test_buildup.py::test_each_steps_tests_pass_on_the_state_at_that_step[1", 7),
     ("tests/test_buildup.py::test_each_steps_tests_pass_on_the_state_at_that_step", 3),

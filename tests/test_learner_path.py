@@ -1,13 +1,18 @@
 """The learner's path, played: steps 04 to 10 with the type-along, then their own code run.
 
-From a folder of its own (the default relative `mine/`, beside `tiny_llm/` and `scripts/` as in
-a clone), for each step in order: `workalong NN` writes the skeleton, which fails its tests;
-each asked-for body is written exactly as the chapter shows it (and chapter 07's diff applied to
-the learner's multihead.py, as the chapter asks); then `workalong NN` runs again, every test
-passes and every chapter check prints what the chapter shows, and no change is left to apply
-(step 04 runs its tests a third time, on the kept build). Every file in `mine/` stays
-byte for byte as the learner left it through every run. Last, the smoke test and a 30-step
-training run go through `workalong --run` on those files, and print what they should.
+Each step is its own case, so that the two test workers share them out. A case starts from a
+folder of its own (the default relative `mine/`, beside `tiny_llm/` and `scripts/` as in a clone)
+holding the learner's files of the steps before it, typed from the chapters' code as the learner
+types them (each skeleton, its asked-for bodies exactly as the chapter shows them, and each
+chapter's diffs applied to the learner's earlier files, as chapter 07 asks of multihead.py): the
+runs that proved those steps are the earlier cases', not replayed. Then, for its step:
+`workalong NN` writes the skeleton, which fails its tests with the chapter's words; the bodies
+are typed and the chapter's diffs applied; `workalong NN` runs again, every test passes, every
+chapter check prints what the chapter shows, and no change is left to apply (step 04 runs its
+tests a third time, on the kept build). Every file in `mine/` stays byte for byte as the learner
+left it through every run. The last two cases type all seven steps and run the commands chapters
+05 and 10 show with `workalong --run` on those files: the smoke test, and a training run that
+learns.
 
 The commands workalong starts run in forks of the warm interpreter (tests/chapters.py): the
 same argv, folder and environment, without paying for torch's import each time.
@@ -19,6 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import pytest
 from chapters import PLAYED, run_python
 
 from tiny_llm.course import buildup, workalong
@@ -88,8 +94,24 @@ def snapshot(folder):
             if p.is_file() and ".build" not in p.relative_to(folder).parts}
 
 
-def test_a_learner_writes_steps_04_to_10_and_runs_their_own_code(tmp_path, monkeypatch, capsys,
-                                                                 warm_python, sample_data_dir):
+def type_steps(folder, steps):
+    """The learner's files for `steps`, typed from the chapters without a run: each step's
+    skeleton as workalong writes it, its bodies as the chapter shows them, the chapter's diffs
+    applied to the earlier files."""
+    for step in steps:
+        module = STEPS[step - 1]
+        path = folder / f"{module}.py"
+        folder.mkdir(exist_ok=True)
+        path.write_text(workalong.skeleton(module)[0])
+        write_bodies(path, step)
+        apply_diffs(folder, step)
+
+
+@pytest.fixture
+def clone(tmp_path, monkeypatch, warm_python, sample_data_dir):
+    """A learner's clone, where they type along: {tmp_path}/mine/ (not made yet), the
+    repository's tiny_llm/ and scripts/ beside it, and workalong's commands run from there in
+    forks of the warm interpreter."""
     def forked(argv, cwd, env, timeout, capture=True):
         proc = run_python(argv, cwd, env, timeout, warm_python)
         if not capture:  # --run: what the command prints goes to the learner's terminal
@@ -97,50 +119,72 @@ def test_a_learner_writes_steps_04_to_10_and_runs_their_own_code(tmp_path, monke
         return proc
 
     monkeypatch.setattr(workalong, "run_python", forked)
+    # The step's tests that read a data folder (step 10's) use the one this suite prepared, as
+    # tests/test_buildup.py's runs of them do, instead of preparing the sample again.
+    monkeypatch.setenv("TINY_LLM_TEST_DATA_DIR", str(sample_data_dir))
     for name in ("tiny_llm", "scripts"):  # a clone's folders: the repository's tiny_llm/ is
         (tmp_path / name).symlink_to(ROOT / name)  # right here, and must not be the one run
     monkeypatch.chdir(tmp_path)
-    mine = tmp_path / "mine"
+    return tmp_path / "mine"
 
-    def play(*args):
-        before = snapshot(mine) if mine.exists() else {}
-        code = workalong.main(list(args))
-        out = capsys.readouterr().out
-        after = snapshot(mine)
-        assert {p: after[p] for p in before} == before, f"workalong {args} changed {mine}"
-        return code, out, set(after) - set(before)
 
-    for step in PLAYED:
-        module, number = STEPS[step - 1], f"{step:02d}"
-        code, out, new = play(number, "--tests", "--", "-x")  # the skeleton, and a failure
-        assert code == 1 and new == {Path(f"{module}.py")}, out
-        assert "NotImplementedError" in out and "write it from steps/" in out, out
-        asked = write_bodies(mine / f"{module}.py", step)
-        assert f"to write     {', '.join(asked)}\n" in out, out
-        apply_diffs(mine, step)
-        for name, path in workalong.yours(step, mine).items():  # the chapters' code is the
-            assert path.read_text().endswith(buildup.state(step)[f"{name}.py"]), path  # state's
-        # One run proves the step: its tests (this is their only run at the step's state, see
-        # tests/chapters.py PLAYED) and its chapter's checks. A second, of the tests alone on the
-        # kept build, only for the first step: the build is reused and the result the same.
-        for args in ((number,), (number, "--tests"))[: 2 if step == PLAYED[0] else 1]:
-            code, out, new = play(*args)
-            assert code == 0 and not new, out
-            assert "FAIL" not in out and "apply it to your file" not in out, out
-            exercises = r"; exercises: (\d+) of \2 pass" if workalong.exercise_tests(module) else ""
-            assert re.search(rf"summary +step's tests: (\d+) of \1 pass{exercises} in mine;", out)
-            assert f"(your {', '.join(f'{m}.py' for m in STEPS[3:step])})" in out, out
-            if "--tests" not in args:
-                assert "the checks: as the chapter shows" in out, out
-                checks = sum(len(pairs) for pairs in workalong.check_blocks(step))
-                assert out.count("check        as the chapter shows") == checks, out
+def play(mine, capsys, *args):
+    """`workalong *args`, as the learner types it: (exit code, what it printed, the files it
+    added to `mine`); asserts it changed none of the learner's files."""
+    before = snapshot(mine) if mine.exists() else {}
+    code = workalong.main(list(args))
+    out = capsys.readouterr().out
+    after = snapshot(mine)
+    assert {p: after[p] for p in before} == before, f"workalong {args} changed {mine}"
+    return code, out, set(after) - set(before)
 
-    # The learner's own code, run from where they are, with the commands chapters 05 and 10
-    # show: a line at the top of their gpt.py shows that their file is the one imported, though
-    # the repository's tiny_llm/ is right here.
-    with open(mine / "gpt.py", "a") as file:
+
+@pytest.mark.parametrize("step", PLAYED, ids=[f"{s:02d}" for s in PLAYED])
+def test_a_learner_writes_the_step(step, clone, capsys):
+    mine = clone
+    type_steps(mine, range(PLAYED[0], step))
+    module, number = STEPS[step - 1], f"{step:02d}"
+    code, out, new = play(mine, capsys, number, "--tests", "--", "-x")  # the skeleton, a failure
+    assert code == 1 and new == {Path(f"{module}.py")}, out
+    assert "NotImplementedError" in out and "write it from steps/" in out, out
+    changes = [h.file for h in buildup.hunks(step) if (mine / h.file).is_file()]
+    assert out.count("apply it to your file") == len(changes), out  # none applied yet
+    asked = write_bodies(mine / f"{module}.py", step)
+    assert f"to write     {', '.join(asked)}\n" in out, out
+    apply_diffs(mine, step)
+    for name, path in workalong.yours(step, mine).items():  # the chapters' code is the state's
+        assert path.read_text().endswith(buildup.state(step)[f"{name}.py"]), path
+    assert set(workalong.yours(step, mine)) == set(STEPS[PLAYED[0] - 1 : step])
+    # One run proves the step: its tests (this is their only run at the step's state, see
+    # tests/chapters.py PLAYED) and its chapter's checks. A second, of the tests alone on the
+    # kept build, only for the first step: the build is reused and the result the same.
+    for args in ((number,), (number, "--tests"))[: 2 if step == PLAYED[0] else 1]:
+        code, out, new = play(mine, capsys, *args)
+        assert code == 0 and not new, out
+        assert "FAIL" not in out and "apply it to your file" not in out, out
+        exercises = r"; exercises: (\d+) of \2 pass" if workalong.exercise_tests(module) else ""
+        assert re.search(rf"summary +step's tests: (\d+) of \1 pass{exercises} in mine;", out)
+        assert f"(your {', '.join(f'{m}.py' for m in STEPS[3:step])})" in out, out
+        if "--tests" not in args:
+            assert "the checks: as the chapter shows" in out, out
+            checks = sum(len(pairs) for pairs in workalong.check_blocks(step))
+            assert out.count("check        as the chapter shows") == checks, out
+
+
+@pytest.fixture
+def typed(clone):
+    """The learner's folder with steps 04 to 10 typed, and a line at the top of their gpt.py
+    that shows when their file is the one imported (though the repository's tiny_llm/ is right
+    here): (mine, its files as they are)."""
+    type_steps(clone, PLAYED)
+    with open(clone / "gpt.py", "a") as file:
         file.write('\nprint("my own gpt.py")\n')
-    files = snapshot(mine)
+    return clone, snapshot(clone)
+
+
+def test_the_learners_own_code_runs_the_smoke_test(typed, capsys):
+    """Chapter 05's command, on their embed.py and attention.py (their later files unused)."""
+    mine, files = typed
     out, expected = run_the_chapters_run_command(5, capsys)
     assert buildup.output_matches(out, expected), "\n".join(out)
     assert out[0] == "yours        mine/embed.py, mine/attention.py; the course's for the rest " \
@@ -149,14 +193,20 @@ def test_a_learner_writes_steps_04_to_10_and_runs_their_own_code(tmp_path, monke
         "attention").read_text()) if info == "console"
         for pairs in [buildup.console_commands(body)] if "smoke_test" in pairs[0][0]]
     assert buildup.output_matches(out[1:], smoke[0][0][1]), out  # what the course's code prints
+    assert snapshot(mine) == files
 
+
+def test_the_learners_own_code_trains(typed, capsys):
+    """Chapter 10's training run, on all seven of their files: it learns, and its checkpoint is
+    written where they are, not in the build."""
+    mine, files = typed
     out, expected = run_the_chapters_run_command(10, capsys)
     assert buildup.output_matches(out, expected), "\n".join(out)
     assert out[0].startswith(f"yours        {', '.join(f'mine/{m}.py' for m in STEPS[3:10])};")
     assert out.count("my own gpt.py") == 1, out
     losses = [float(v) for line in out for v in re.findall(r"^step +\d+ +train ([\d.]+)", line)]
-    assert len(losses) == 2 and losses[1] < losses[0] - 1, out  # step 0 and step 30: it learns
-    assert (tmp_path / "runs" / "mine" / "ckpt.pt").is_file()  # runs/ is where they are
+    assert len(losses) == 2 and losses[1] < losses[0] - 1, out  # the first step and the last
+    assert (mine.parent / "runs" / "mine" / "ckpt.pt").is_file()  # runs/ is where they are
     assert not (mine / ".build" / "runs").exists()
     assert snapshot(mine) == files
 
