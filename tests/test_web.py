@@ -2,7 +2,9 @@
 folder holds what the page loads, bad folders and missing runtimes are refused with a sentence,
 and the page's JavaScript tokenizer and sampler (run under node) equal Python's."""
 
+import importlib.util
 import json
+import logging
 import os
 import random
 import shutil
@@ -75,6 +77,22 @@ def test_a_folder_it_did_not_write_is_refused_before_any_work(built, tmp_path, s
     with pytest.raises(FileExistsError, match="is not a web folder: pick a new --out"):
         web.build(ckpt, tmp_path, sample_data_dir)
     assert (tmp_path / "notes.md").read_text() == "mine"
+
+
+def test_only_the_exporters_torchvision_notes_are_hidden_and_only_while_it_exports():
+    assert importlib.util.find_spec(web.REGISTRY_LOG), "torch.onnx logs from another module now"
+    log, seen = logging.getLogger(web.REGISTRY_LOG), []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    log.addHandler(handler)
+    try:
+        with web.no_torchvision_notes():
+            log.warning("torchvision is not installed. Skipping %s", "torchvision::nms")
+            log.warning("another warning")
+        log.warning("torchvision is not installed. Skipping %s", "torchvision::nms")
+    finally:
+        log.removeHandler(handler)
+    assert seen == ["another warning", "torchvision is not installed. Skipping torchvision::nms"]
 
 
 def test_a_missing_runtime_names_the_command(tmp_path):

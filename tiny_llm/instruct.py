@@ -48,9 +48,12 @@ from tiny_llm.request_data import (  # noqa: F401 (FIELDS, parse_record: step 17
     FEATURES,
     FIELDS,
     MixedRows,
+    RequestRows,
     check_request,
+    check_request_config,
     derived_records,
     free_request,
+    init_from_flags,
     instruct_records,
     learned_requests,
     parse_record,
@@ -62,7 +65,6 @@ from tiny_llm.scale import main as ranks_command
 from tiny_llm.tokenize import EOT, load_tokenizer
 from tiny_llm.train import TrainConfig, TrainHooks
 from tiny_llm.train import main as train_command
-from tiny_llm.tuning import PARTS
 
 
 def render_request(words=(), features=(), sentence=None, summary=None):
@@ -99,26 +101,6 @@ def request_row(request_ids, story_ids, eot_id, seq_len):
     x = ids[:-1] + [eot_id] * (seq_len + 1 - len(ids))
     y = (targets + [-1] * seq_len)[:seq_len]
     return torch.tensor(x), torch.tensor(y)
-
-
-class RequestRows:
-    """Rows that each start at a record's beginning: x, y (N, T) int64, y = -1 off the story.
-    get_batch draws random rows as data.get_batch draws windows, from the loop's generator,
-    so a resumed run draws the same rows."""
-
-    def __init__(self, x, y, cut_tokens=0):
-        self.x, self.y, self.cut_tokens = x, y, cut_tokens  # cut: story tokens past the context
-
-    def __len__(self):
-        return len(self.x)
-
-    def get_batch(self, batch_size, seq_len, device=None, generator=None, part=slice(None)):
-        """(x, y) of batch_size random rows, each (B, seq_len) int64, on `device`; with `part`,
-        only those of the B rows (a rank's share, as data.get_batch takes it)."""
-        if seq_len != self.x.shape[1]:
-            raise ValueError(f"the rows hold {self.x.shape[1]} tokens, asked for {seq_len}")
-        i = torch.randint(len(self.x), (batch_size,), generator=generator)[part]
-        return self.x[i].to(device), self.y[i].to(device)
 
 
 def request_rows(cfg, train_data, valid_data, seq_len):
@@ -265,35 +247,12 @@ class RequestConfig(TrainConfig):
 
     @classmethod
     def given_flags(cls, given):
-        """The flags given, with --init-from's model (its run's --model, --preset and step 15's
-        parts) filled in, so the run prints, prices and records what it trains; a flag that
-        chooses another model is refused."""
-        if not given.get("init_from") or given.get("resume"):
-            return given
-        saved = load_checkpoint(given["init_from"]).get("train_config") or {}
-        names = [n for n in ("model", "preset", *PARTS) if n in saved]
-        if other := [f"--{n.replace('_', '-')} {given[n]} (it has {saved[n]})" for n in names
-                     if n in given and given[n] != saved[n]]:
-            raise ValueError(f"--init-from fine-tunes the model in {given['init_from']} as it "
-                             f"is: leave out {', '.join(other)}")
-        return {**given, **{n: saved[n] for n in names}}
+        """The flags given, with --init-from's model filled in (request_data.init_from_flags)."""
+        return init_from_flags(given)
 
     def __post_init__(self):
         super().__post_init__()
-        if not 0 < self.request_share <= 1 or self.request_share < 1 and not self.requests:
-            raise ValueError(f"--request-share is the share of rows that carry a request, in "
-                             f"(0, 1], with --requests: got {self.request_share}: 1 fine-tunes "
-                             "on requests alone, 0.5 pretrains on requests and plain stories")
-        if self.request_words not in ("any", "rare") or not (
-                isinstance(self.requests_per_story, int) and self.requests_per_story >= 1):
-            raise ValueError(f"need --request-words any or rare and --requests-per-story >= 1, "
-                             f"got {self.request_words!r} and {self.requests_per_story!r}")
-        if self.story_starts and self.requests:
-            raise ValueError("--requests rows each start at a request already: leave out "
-                             "--story-starts")
-        if not isinstance(self.lora_rank, int) or self.lora_rank < 0 or not self.lora_alpha > 0:
-            raise ValueError(f"need --lora-rank >= 0 (0: full fine-tuning) and --lora-alpha > 0, "
-                             f"got {self.lora_rank} and {self.lora_alpha}")
+        check_request_config(self)  # a clear error for a setting that cannot work (request_data)
 
 
 class RequestHooks(TrainHooks):

@@ -2,11 +2,12 @@
 to take, and whether a story did what it asked.
 
 A request has TinyStories-Instruct's fields (parse_record reads a record, instruct_records a
-whole source). Its words, sentence
-and Dialogue can be read off any story (derive_request), so step 17 needs no request data to
-learn from; a checkpoint says which fields and features it was taught (learned_requests); and a
-program checks each in a story (score_story), which steps 17 and 18 measure with and step 18
-rewards. The rules are stated once, here.
+whole source). Its words, sentence and Dialogue can be read off any story (derive_request), so
+step 17 needs no request data to learn from; a checkpoint says which fields and features it was
+taught (learned_requests); and a program checks each in a story (score_story), which steps 17
+and 18 measure with and step 18 rewards. The rules are stated once, here. So are the rows the
+loop draws (RequestRows, MixedRows) and the checks of step 17's settings (init_from_flags,
+check_request_config).
 """
 
 import itertools
@@ -20,8 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tiny_llm.checkpoint import load_checkpoint
 from tiny_llm.data import file_stories, get_batch, hub_reachable, split_tail
 from tiny_llm.tokenize import EOT
+from tiny_llm.tuning import PARTS
 
 FEATURES = ("Dialogue", "BadEnding", "MoralValue", "Twist", "Foreshadowing", "Conflict")
 FIELDS = {"Features": "features", "Words": "words", "Random sentence": "sentence",
@@ -357,6 +360,59 @@ def chat_template(learned, max_tokens=None, longest_token=1):
     return (CHAT_TEMPLATE.strip().replace("FEATURES_TAUGHT", json.dumps(learned["features"]))
             .replace("FIELDS_TAUGHT", json.dumps(learned["fields"]))
             .replace("MAX_CHARS", str(limit)).replace("MAX_TOKENS", str(max_tokens or "any")))
+
+
+def init_from_flags(given):
+    """The flags given, with --init-from's model (its run's --model, --preset and step 15's
+    parts) filled in, so the run prints, prices and records what it trains; a flag that
+    chooses another model is refused."""
+    if not given.get("init_from") or given.get("resume"):
+        return given
+    saved = load_checkpoint(given["init_from"]).get("train_config") or {}
+    names = [n for n in ("model", "preset", *PARTS) if n in saved]
+    if other := [f"--{n.replace('_', '-')} {given[n]} (it has {saved[n]})" for n in names
+                 if n in given and given[n] != saved[n]]:
+        raise ValueError(f"--init-from fine-tunes the model in {given['init_from']} as it "
+                         f"is: leave out {', '.join(other)}")
+    return {**given, **{n: saved[n] for n in names}}
+
+
+def check_request_config(cfg):
+    """Raise a clear error for step 17's settings (RequestConfig) that cannot work together."""
+    if not 0 < cfg.request_share <= 1 or cfg.request_share < 1 and not cfg.requests:
+        raise ValueError(f"--request-share is the share of rows that carry a request, in "
+                         f"(0, 1], with --requests: got {cfg.request_share}: 1 fine-tunes "
+                         "on requests alone, 0.5 pretrains on requests and plain stories")
+    if cfg.request_words not in ("any", "rare") or not (
+            isinstance(cfg.requests_per_story, int) and cfg.requests_per_story >= 1):
+        raise ValueError(f"need --request-words any or rare and --requests-per-story >= 1, "
+                         f"got {cfg.request_words!r} and {cfg.requests_per_story!r}")
+    if cfg.story_starts and cfg.requests:
+        raise ValueError("--requests rows each start at a request already: leave out "
+                         "--story-starts")
+    if not isinstance(cfg.lora_rank, int) or cfg.lora_rank < 0 or not cfg.lora_alpha > 0:
+        raise ValueError(f"need --lora-rank >= 0 (0: full fine-tuning) and --lora-alpha > 0, "
+                         f"got {cfg.lora_rank} and {cfg.lora_alpha}")
+
+
+class RequestRows:
+    """Rows that each start at a record's beginning: x, y (N, T) int64, y = -1 off the story.
+    get_batch draws random rows as data.get_batch draws windows, from the loop's generator,
+    so a resumed run draws the same rows."""
+
+    def __init__(self, x, y, cut_tokens=0):
+        self.x, self.y, self.cut_tokens = x, y, cut_tokens  # cut: story tokens past the context
+
+    def __len__(self):
+        return len(self.x)
+
+    def get_batch(self, batch_size, seq_len, device=None, generator=None, part=slice(None)):
+        """(x, y) of batch_size random rows, each (B, seq_len) int64, on `device`; with `part`,
+        only those of the B rows (a rank's share, as data.get_batch takes it)."""
+        if seq_len != self.x.shape[1]:
+            raise ValueError(f"the rows hold {self.x.shape[1]} tokens, asked for {seq_len}")
+        i = torch.randint(len(self.x), (batch_size,), generator=generator)[part]
+        return self.x[i].to(device), self.y[i].to(device)
 
 
 class MixedRows:

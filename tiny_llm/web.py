@@ -14,6 +14,7 @@ comes from npm, pinned by web/package-lock.json (npm ci --prefix web).
 """
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -83,6 +84,25 @@ class NextTokenLogits(nn.Module):
         return logits[:, -1, :]
 
 
+# where torch.onnx's exporter says "torchvision is not installed. Skipping torchvision::nms", once
+# for each of its image operators: a GPT has none, so the lines are noise to hide, not to fix
+REGISTRY_LOG = "torch.onnx._internal.exporter._registration"
+
+
+@contextlib.contextmanager
+def no_torchvision_notes():
+    """Inside, the exporter's logger drops its "torchvision is not installed" warnings, and only
+    those; they come back afterwards."""
+    def keep(record):
+        return not record.getMessage().startswith("torchvision is not installed")
+    log = logging.getLogger(REGISTRY_LOG)
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
+
+
 def export_onnx(model, path):
     """Write `model` (eval mode, float32) to `path` as ONNX: input "input_ids" (batch,
     sequence) int64, output "logits" (batch, vocab) float32; batch and sequence are dynamic
@@ -93,10 +113,11 @@ def export_onnx(model, path):
     sequence = torch.export.Dim("sequence", min=1, max=model.config.max_seq_len)
     example = torch.zeros(2, min(8, model.config.max_seq_len), dtype=torch.long)
     graph = NextTokenLogits(model).eval()
-    torch.onnx.export(graph, (example,), path, dynamo=True, opset_version=OPSET,
-                      input_names=["input_ids"], output_names=["logits"],
-                      dynamic_shapes={"input_ids": {0: batch, 1: sequence}},
-                      external_data=False, verbose=False)  # one file, weights inside
+    with no_torchvision_notes():
+        torch.onnx.export(graph, (example,), path, dynamo=True, opset_version=OPSET,
+                          input_names=["input_ids"], output_names=["logits"],
+                          dynamic_shapes={"input_ids": {0: batch, 1: sequence}},
+                          external_data=False, verbose=False)  # one file, weights inside
     return Path(path)
 
 
