@@ -11,6 +11,7 @@ from tiny_llm.block import (
     Block,
     LayerNorm,
     init_weights,
+    memorise_table,
     plot_stds,
     read_at_scales,
     residual_stds,
@@ -235,6 +236,14 @@ def test_layernorm_makes_what_the_sublayers_read_the_same_at_every_scale():
     assert raw_small[1] < 0.1 * normed[0][1], (
         f"raw, a stream of std 0.03 gives the MLP an output of std {raw_small[1]:.4f}, not far "
         f"below the {normed[0][1]:.4f} it gives through LayerNorm")
+
+
+def test_a_wider_mlp_stores_more_of_a_table_in_equal_steps():
+    narrow, wide = (memorise_table(width, n_ids=128, steps=100) for width in (1, 4))
+    assert wide[2] > 3 * narrow[2], f"the MLPs have {narrow[2]:,} and {wide[2]:,} parameters"
+    assert wide[0] < narrow[0] and wide[1] > narrow[1] + 0.2, (
+        f"in 100 steps the 1x MLP got loss {narrow[0]:.2f}, stored {narrow[1]:.2f} of the ids; "
+        f"the 4x MLP {wide[0]:.2f} and {wide[1]:.2f}: wanted the wider one clearly ahead")
 
 
 def test_residual_stds_are_seeded():

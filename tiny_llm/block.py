@@ -12,7 +12,7 @@ from the input to the output for the gradient. `init_weights` starts the weights
 residual output projections smaller still, so the stream does not grow with depth.
 
 Run the check:  uv run python -m tiny_llm.block   (--plot FILE.png also draws the std curves;
---scales shows what LayerNorm is for)
+--scales shows what LayerNorm is for, --why width what the MLP's width buys)
 """
 
 import argparse
@@ -161,6 +161,31 @@ def read_at_scales(scales=(0.03, 1.0, 30.0), d_model=128, n_heads=4, seq_len=64,
     return out
 
 
+def memorise_table(width, n_ids=256, d_model=16, steps=200, lr=1e-2, seed=1337):
+    """Train only an MLP of hidden size width·d_model to store a random table id -> target id.
+
+    Each of `n_ids` ids has a fixed random vector on the stream; a fixed random output map reads
+    `x + mlp(x)` as scores over the targets, so what is stored, the MLP stores. Full batch, Adam,
+    `steps` steps. Returns (final loss, share of ids mapped right, the MLP's parameters).
+    """
+    seed_everything(seed)
+    table = torch.randn(n_ids, d_model)  # (N, C): each id's vector, never trained
+    targets = torch.randint(0, n_ids, (n_ids,))
+    head = torch.randn(d_model, n_ids) / math.sqrt(d_model)  # (C, N): fixed too
+    mlp = MLP(d_model)
+    mlp.fc = nn.Linear(d_model, width * d_model)  # the one change: width instead of 4
+    mlp.proj = nn.Linear(width * d_model, d_model)
+    opt = torch.optim.Adam(mlp.parameters(), lr=lr)
+    for _ in range(steps):
+        logits = (table + mlp(table)) @ head  # (N, N)
+        loss = F.cross_entropy(logits, targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    stored = (logits.argmax(-1) == targets).float().mean().item()
+    return loss.item(), stored, sum(p.numel() for p in mlp.parameters())
+
+
 def plot_stds(plain, scaled, path):
     """Draw both std curves and save them as a PNG; return the path."""
     from matplotlib.figure import Figure  # imported here: only the check draws pictures
@@ -196,6 +221,9 @@ def main():
     parser.add_argument("--scales", action="store_true",
                         help="what the sublayers read at three stream scales, with and without "
                              "LayerNorm, and stop")
+    parser.add_argument("--why", choices=["width"],
+                        help="width: what an MLP 1, 2, 4 or 8 times as wide stores in equal "
+                             "steps, and stop")
     args = parser.parse_args()
     if args.diagram:
         print(f"{'diagram':<28} {draw_block(args.diagram)}")
@@ -206,6 +234,13 @@ def main():
         for scale, seen in read_at_scales().items():
             (w_ln, m_ln), (w_raw, m_raw) = seen["LayerNorm"], seen["raw"]
             print(f"{scale:<12g} {w_ln:>11.3f} {w_raw:>10.3f} {m_ln:>13.4f} {m_raw:>10.4f}")
+        return
+    if args.why == "width":
+        torch.set_num_threads(1)  # the same digits on every CPU
+        print(f"{'MLP width':<12} {'parameters':>10} {'final loss':>11} {'ids stored':>11}")
+        for width in (1, 2, 4, 8):
+            loss, stored, params = memorise_table(width)
+            print(f"{f'{width}·d_model':<12} {params:>10,} {loss:>11.2f} {stored:>11.2f}")
         return
 
     seed_everything(1337)
