@@ -10,6 +10,7 @@ from tiny_llm.block import (
     MLP,
     Block,
     LayerNorm,
+    fit_previous_token,
     init_weights,
     memorise_table,
     plot_stds,
@@ -236,6 +237,14 @@ def test_layernorm_makes_what_the_sublayers_read_the_same_at_every_scale():
     assert raw_small[1] < 0.1 * normed[0][1], (
         f"raw, a stream of std 0.03 gives the MLP an output of std {raw_small[1]:.4f}, not far "
         f"below the {normed[0][1]:.4f} it gives through LayerNorm")
+
+
+def test_post_norm_needs_warmup_where_pre_norm_learns_without():
+    pre, post, warmed = (fit_previous_token(post, 2, warmup=warmup)
+                         for post, warmup in ((False, 0), (True, 0), (True, 50)))
+    assert post > 2.5 and pre < 1.0 and warmed < 1.0, (
+        f"2 blocks, 100 steps at lr 0.03: pre-norm ended at loss {pre:.2f}, post-norm {post:.2f}, "
+        f"post-norm warmed up {warmed:.2f}; wanted post-norm alone stuck near ln 16 = 2.77")
 
 
 def test_a_wider_mlp_stores_more_of_a_table_in_equal_steps():
