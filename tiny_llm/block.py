@@ -12,7 +12,8 @@ from the input to the output for the gradient. `init_weights` starts the weights
 residual output projections smaller still, so the stream does not grow with depth.
 
 Run the check:  uv run python -m tiny_llm.block   (--plot FILE.png also draws the std curves;
---scales shows what LayerNorm is for, --why width what the MLP's width buys)
+--scales shows what LayerNorm is for; --why norm and --why width train small models to show
+why pre-norm and why the MLP is 4x wide)
 """
 
 import argparse
@@ -272,7 +273,8 @@ def main():
             (w_ln, m_ln), (w_raw, m_raw) = seen["LayerNorm"], seen["raw"]
             print(f"{scale:<12g} {w_ln:>11.3f} {w_raw:>10.3f} {m_ln:>13.4f} {m_raw:>10.4f}")
         return
-    torch.set_num_threads(1) if args.why else None  # the same digits on every CPU
+    if args.why:
+        torch.set_num_threads(1)  # training runs: the same digits on every CPU
     if args.why == "norm":
         print(f"{'blocks':<8} {'pre-norm':>9} {'post-norm':>10} {'post-norm, warmup 50':>21}")
         for n in (2, 4):
