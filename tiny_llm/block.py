@@ -166,8 +166,8 @@ def read_at_scales(scales=(0.03, 1.0, 30.0), d_model=128, n_heads=4, seq_len=64,
 class PostNormBlock(Block):
     """The 2017 arrangement, for `--why norm` only: LayerNorm after each addition, on the stream."""
 
-    def forward(self, x, cache=None, layer=0):
-        x = self.ln_1(x + self.attn(x, cache, layer))
+    def forward(self, x):
+        x = self.ln_1(x + self.attn(x))
         return self.ln_2(x + self.mlp(x))
 
 
