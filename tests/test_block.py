@@ -10,7 +10,9 @@ from tiny_llm.block import (
     MLP,
     Block,
     LayerNorm,
+    fit_previous_token,
     init_weights,
+    memorise_table,
     plot_stds,
     read_at_scales,
     residual_stds,
@@ -235,6 +237,22 @@ def test_layernorm_makes_what_the_sublayers_read_the_same_at_every_scale():
     assert raw_small[1] < 0.1 * normed[0][1], (
         f"raw, a stream of std 0.03 gives the MLP an output of std {raw_small[1]:.4f}, not far "
         f"below the {normed[0][1]:.4f} it gives through LayerNorm")
+
+
+def test_post_norm_needs_warmup_where_pre_norm_learns_without():
+    pre, post, warmed = (fit_previous_token(post, 2, warmup=warmup)
+                         for post, warmup in ((False, 0), (True, 0), (True, 50)))
+    assert post > 2.5 and pre < 1.0 and warmed < 1.0, (
+        f"2 blocks, 100 steps at lr 0.03: pre-norm ended at loss {pre:.2f}, post-norm {post:.2f}, "
+        f"post-norm warmed up {warmed:.2f}; wanted post-norm alone stuck near ln 16 = 2.77")
+
+
+def test_a_wider_mlp_stores_more_of_a_table_in_equal_steps():
+    narrow, wide = (memorise_table(width, n_ids=128, steps=100) for width in (1, 4))
+    assert wide[2] > 3 * narrow[2], f"the MLPs have {narrow[2]:,} and {wide[2]:,} parameters"
+    assert wide[0] < narrow[0] and wide[1] > narrow[1] + 0.2, (
+        f"in 100 steps the 1x MLP got loss {narrow[0]:.2f}, stored {narrow[1]:.2f} of the ids; "
+        f"the 4x MLP {wide[0]:.2f} and {wide[1]:.2f}: wanted the wider one clearly ahead")
 
 
 def test_residual_stds_are_seeded():

@@ -12,7 +12,8 @@ from the input to the output for the gradient. `init_weights` starts the weights
 residual output projections smaller still, so the stream does not grow with depth.
 
 Run the check:  uv run python -m tiny_llm.block   (--plot FILE.png also draws the std curves;
---scales shows what LayerNorm is for)
+--scales shows what LayerNorm is for; --why norm and --why width train small models to show
+why pre-norm and why the MLP is 4x wide)
 """
 
 import argparse
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from tiny_llm.checks import check_n_layers
 from tiny_llm.device import seed_everything
+from tiny_llm.embed import Embed
 from tiny_llm.files import save_figure
 from tiny_llm.multihead import MultiHeadAttention
 
@@ -161,6 +163,66 @@ def read_at_scales(scales=(0.03, 1.0, 30.0), d_model=128, n_heads=4, seq_len=64,
     return out
 
 
+class PostNormBlock(Block):
+    """The 2017 arrangement, for `--why norm` only: LayerNorm after each addition, on the stream."""
+
+    def forward(self, x):
+        x = self.ln_1(x + self.attn(x))
+        return self.ln_2(x + self.mlp(x))
+
+
+def fit_previous_token(post, n_layers, warmup=0, steps=100, lr=3e-2, vocab=16, seq_len=16,
+                       d_model=32, seed=1337):
+    """Train a small stack of pre-norm (or post-norm) blocks to output the previous token.
+
+    Adam at `lr`, reached linearly over the first `warmup` steps (0: from the first step).
+    Returns the mean loss of the last 10 steps; ln(vocab) = 2.77 is a guess at random.
+    """
+    seed_everything(seed)
+    embed = Embed(vocab, d_model, seq_len)
+    blocks = nn.Sequential(*[(PostNormBlock if post else Block)(d_model, 4, seq_len)
+                             for _ in range(n_layers)])
+    ln_f, head = LayerNorm(d_model), nn.Linear(d_model, vocab)
+    model = init_weights(nn.ModuleList([embed, blocks, ln_f, head]), n_layers)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        opt.param_groups[0]["lr"] = lr * min(1.0, (step + 1) / warmup) if warmup else lr
+        x = torch.randint(0, vocab, (16, seq_len))  # (B, T)
+        logits = head(ln_f(blocks(embed(x))))  # (B, T, vocab)
+        loss = F.cross_entropy(logits[:, 1:].reshape(-1, vocab), x[:, :-1].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return sum(losses[-10:]) / 10
+
+
+def memorise_table(width, n_ids=256, d_model=16, steps=200, lr=1e-2, seed=1337):
+    """Train only an MLP of hidden size width·d_model to store a random table id -> target id.
+
+    Each of `n_ids` ids has a fixed random vector on the stream; a fixed random output map reads
+    `x + mlp(x)` as scores over the targets, so what is stored, the MLP stores. Full batch, Adam,
+    `steps` steps. Returns (final loss, share of ids mapped right, the MLP's parameters).
+    """
+    seed_everything(seed)
+    table = torch.randn(n_ids, d_model)  # (N, C): each id's vector, never trained
+    targets = torch.randint(0, n_ids, (n_ids,))
+    head = torch.randn(d_model, n_ids) / math.sqrt(d_model)  # (C, N): fixed too
+    mlp = MLP(d_model)
+    mlp.fc = nn.Linear(d_model, width * d_model)  # the one change: width instead of 4
+    mlp.proj = nn.Linear(width * d_model, d_model)
+    opt = torch.optim.Adam(mlp.parameters(), lr=lr)
+    for _ in range(steps):
+        logits = (table + mlp(table)) @ head  # (N, N)
+        loss = F.cross_entropy(logits, targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    stored = (logits.argmax(-1) == targets).float().mean().item()
+    return loss.item(), stored, sum(p.numel() for p in mlp.parameters())
+
+
 def plot_stds(plain, scaled, path):
     """Draw both std curves and save them as a PNG; return the path."""
     from matplotlib.figure import Figure  # imported here: only the check draws pictures
@@ -196,6 +258,10 @@ def main():
     parser.add_argument("--scales", action="store_true",
                         help="what the sublayers read at three stream scales, with and without "
                              "LayerNorm, and stop")
+    parser.add_argument("--why", choices=["norm", "width"],
+                        help="norm: pre-norm against post-norm in a short fit without warmup; "
+                             "width: what an MLP 1, 2, 4 or 8 times as wide stores in equal "
+                             "steps; then stop")
     args = parser.parse_args()
     if args.diagram:
         print(f"{'diagram':<28} {draw_block(args.diagram)}")
@@ -206,6 +272,21 @@ def main():
         for scale, seen in read_at_scales().items():
             (w_ln, m_ln), (w_raw, m_raw) = seen["LayerNorm"], seen["raw"]
             print(f"{scale:<12g} {w_ln:>11.3f} {w_raw:>10.3f} {m_ln:>13.4f} {m_raw:>10.4f}")
+        return
+    if args.why:
+        torch.set_num_threads(1)  # training runs: the same digits on every CPU
+    if args.why == "norm":
+        print(f"{'blocks':<8} {'pre-norm':>9} {'post-norm':>10} {'post-norm, warmup 50':>21}")
+        for n in (2, 4):
+            losses = (fit_previous_token(False, n), fit_previous_token(True, n),
+                      fit_previous_token(True, n, warmup=50))
+            print(f"{n:<8} {losses[0]:>9.2f} {losses[1]:>10.2f} {losses[2]:>21.2f}")
+        return
+    if args.why == "width":
+        print(f"{'MLP width':<12} {'parameters':>10} {'final loss':>11} {'ids stored':>11}")
+        for width in (1, 2, 4, 8):
+            loss, stored, params = memorise_table(width)
+            print(f"{f'{width}·d_model':<12} {params:>10,} {loss:>11.2f} {stored:>11.2f}")
         return
 
     seed_everything(1337)
