@@ -72,6 +72,10 @@ def test_console_block_matches_a_real_run(block, sample_data_dir, tmp_path, warm
     repository's head, so the block must print the same there: where every tiny_llm module its
     commands import is byte-identical at the step and at the head (same_at_head), the one run
     proves both; otherwise the block runs a second time, on the head's package."""
+    if "tiny_llm.web" in block.body:  # step 19's page needs onnxruntime-web from npm
+        from test_web import require_web_runtime
+
+        require_web_runtime()
     packages = places(block)
     rtol = float(block.options["rtol"]) if "rtol" in block.options else None
     for where, package in packages:

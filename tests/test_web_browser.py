@@ -12,6 +12,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from test_studio import tiny_checkpoint
 from test_studio_browser import browser, require_browser, wait
+from test_web import require_web_runtime
 
 from tiny_llm import web
 from tiny_llm.tokenize import load_tokenizer
@@ -41,6 +42,7 @@ def static_server(folder):
 
 def test_the_page_writes_pythons_greedy_story_in_chromium(tmp_path, sample_data_dir):
     found = require_browser()
+    require_web_runtime()
     ckpt = tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir, requests="derived")
     report = web.build(ckpt, tmp_path / "site", sample_data_dir, say=lambda *a, **k: None)
     broken = tmp_path / "broken"
