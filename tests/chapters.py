@@ -19,8 +19,10 @@ The rules (the chapter author's side of them is in steps/README.md):
    depend on the corpus are the sample's.
 """
 
+import gc
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -253,6 +255,10 @@ def serve():
 
     for name in PRELOAD:
         importlib.import_module(name)
+    # The preloaded objects go to the collector's permanent generation: a collection in a child
+    # (pytest runs one at every session's end) then walks only the command's own objects, and
+    # does not touch, and so copy, every page of the shared heap.
+    gc.freeze()
     requests, replies = sys.stdin.buffer, sys.stdout.fileno()
     for line in requests:
         request = json.loads(line)
@@ -264,6 +270,7 @@ def serve():
         cpu = usage.ru_utime + usage.ru_stime  # the command's CPU seconds, its children's too
         os.write(replies, f"{os.waitstatus_to_exitcode(status)} {cpu}\n".encode())
     else:
+        gc.unfreeze()  # the server's own end frees everything, as any interpreter's does
         return
     # the child: the command's own process from here on
     for fd, path, mode in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
@@ -274,7 +281,53 @@ def serve():
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    _become(request["argv"])  # an exception or SystemExit ends the process as in any Python
+    _end(_run_as_main(request["argv"]))
+
+
+INTERRUPTED = object()
+
+
+def _run_as_main(argv):
+    """Run the command; return its exit status as the interpreter would give it, having printed
+    what the interpreter prints for an exception or a SystemExit's message; INTERRUPTED when
+    a KeyboardInterrupt ended it."""
+    try:
+        _become(argv)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        return INTERRUPTED  # Python ends by the signal itself (_end sends it)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        return 1
+    return 0
+
+
+def _end(status):
+    """End the forked child as multiprocessing ends its forked processes: what an interpreter's
+    exit shows (waiting for threads, atexit's functions, flushed output) and then os._exit.
+    The teardown of every module is skipped: it would walk, and copy, the whole shared heap,
+    and print nanobind's leak report for the frozen objects (see serve)."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # the interpreter waits for non-daemon threads first
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed stream: nothing left to write
+                pass
+        if status is INTERRUPTED:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(status & 0xFF)
 
 
 CHILD_CPU = [0.0]  # CPU seconds of every command run by a WarmPython of this process
@@ -292,7 +345,6 @@ class WarmPython:
     def run(self, argv, cwd, env, timeout):
         import json
         import select
-        import signal
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:

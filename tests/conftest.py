@@ -7,6 +7,8 @@ better than one two-threaded one, and they stay fast when something else loads t
 inherit OMP_NUM_THREADS=1.
 """
 
+import atexit
+import gc
 import os
 from pathlib import Path
 
@@ -21,6 +23,15 @@ import torch  # noqa: E402
 from chapters import WarmPython  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# What every worker holds from here to its end (torch, and torch._dynamo, which the first
+# optimizer loads) goes to the collector's permanent generation: the collections that Python
+# runs as tests allocate, and the one pytest runs at the end of every session a test starts in
+# this process (tests/test_mistakes.py), then walk only the tests' own objects.
+import torch._dynamo  # noqa: E402, F401
+
+gc.freeze()
+atexit.register(gc.unfreeze)  # the interpreter's own end frees it all, as it would have
 
 
 @pytest.fixture(scope="session")
