@@ -221,8 +221,27 @@ def same_at_head(block):
 # environment, __main__ and sys.path[0] as the command line gives) and exits as Python does.
 # The project's own modules are not preloaded: each command imports them fresh.
 # TINY_LLM_CHAPTERS_COLD=1 runs every command in a brand-new interpreter instead.
+#
+# Preloaded: libraries that read no setting of the environment when imported (a command's
+# environment may differ from the server's), so that importing them earlier changes nothing a
+# command does. Not preloaded for that reason: transformers, huggingface_hub and datasets (they
+# read HF_HOME and the offline switches at import). Nor anyio, httpx or fastapi: pytest marks
+# its plugins' packages (anyio is one) for assertion rewriting, and warns where one is imported.
 
-PRELOAD = ("torch", "torch._dynamo", "numpy", "tokenizers", "matplotlib")
+PRELOAD = ("torch", "torch._dynamo", "numpy", "tokenizers", "regex", "matplotlib",
+           "matplotlib.figure", "matplotlib.backends.backend_agg", "PIL.Image",
+           "torch.distributed.checkpoint.state_dict", "torch.onnx", "onnx", "onnxscript",
+           "onnxruntime", "networkx", "torch.onnx._internal.exporter._core", "pytest", "trio")
+
+
+def _preload_pytest_plugins():
+    """The modules of pytest's own plugins, which every pytest run a test starts imports."""
+    import importlib
+
+    from _pytest.config import default_plugins
+
+    for name in default_plugins:
+        importlib.import_module(f"_pytest.{name}")
 
 
 def _become(argv):
@@ -254,7 +273,11 @@ def serve():
     import json
 
     for name in PRELOAD:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError:  # another version's layout: the command imports what it needs
+            pass
+    _preload_pytest_plugins()
     # The preloaded objects go to the collector's permanent generation: a collection in a child
     # (pytest runs one at every session's end) then walks only the command's own objects, and
     # does not touch, and so copy, every page of the shared heap.
