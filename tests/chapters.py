@@ -266,9 +266,10 @@ def _become(argv):
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def serve():
+def serve(folder):
     """The server: one JSON request a line on stdin; replies on stdout with the child's `pid`,
-    then `exit-status cpu-seconds` when it ends."""
+    then `exit-status cpu-seconds` when it ends. In `folder` it writes `python`, the rank
+    interpreter (RANK_PYTHON), whose requests a forked rank server answers (serve_ranks)."""
     import importlib
     import json
 
@@ -282,7 +283,9 @@ def serve():
     # (pytest runs one at every session's end) then walks only the command's own objects, and
     # does not touch, and so copy, every page of the shared heap.
     gc.freeze()
+    ranks = _start_rank_server(folder)
     requests, replies = sys.stdin.buffer, sys.stdout.fileno()
+    os.write(replies, b"ready\n")
     for line in requests:
         request = json.loads(line)
         pid = os.fork()
@@ -293,9 +296,13 @@ def serve():
         cpu = usage.ru_utime + usage.ru_stime  # the command's CPU seconds, its children's too
         os.write(replies, f"{os.waitstatus_to_exitcode(status)} {cpu}\n".encode())
     else:
+        if ranks is not None:
+            os.kill(ranks, signal.SIGTERM)
+            os.waitpid(ranks, 0)
         gc.unfreeze()  # the server's own end frees everything, as any interpreter's does
         return
     # the child: the command's own process from here on
+    _use_rank_python(RANKS[0])
     for fd, path, mode in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
                            (2, request["stderr"], os.O_WRONLY)):
         target = os.open(path, mode)
@@ -305,6 +312,160 @@ def serve():
     os.environ.clear()
     os.environ.update(request["env"])
     _end(_run_as_main(request["argv"]))
+
+
+# Ranks. A command that starts ranks of its own (torchrun's agent, or torch.multiprocessing's
+# spawn in step 16's check) starts each as a new interpreter, which would import torch again (3 s
+# of CPU a rank). In the tests they start `python` in the server's folder instead: a small
+# interpreter (RANK_PYTHON, which imports no library) that sends its argv, folder, environment
+# and open files over a socket to a rank server forked from this one; a handler forked from that
+# forks the rank, with the same files at the same numbers, and waits for it. The small one passes
+# the signals it gets on to the rank and ends as the rank ends; if it is killed, the handler
+# kills the rank. torchrun reads the interpreter from PYTHON_EXEC (run_python sets it),
+# multiprocessing from multiprocessing.set_executable (set in every forked command).
+
+RANK_PYTHON = """#!{python} -S
+import json, os, signal, socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect({socket!r})
+fds = []
+for name in os.listdir("/proc/self/fd"):
+    if int(name) != sock.fileno():
+        try:
+            os.fstat(int(name))
+        except OSError:  # the listing's own, closed by now
+            continue
+        fds.append(int(name))
+request = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
+                      "fds": fds}}).encode()
+socket.send_fds(sock, [len(request).to_bytes(8, "big") + request], fds)
+replies = sock.makefile("rb")
+pid = int(replies.readline())
+for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+               signal.SIGUSR2):
+    signal.signal(number, lambda number, frame: os.kill(pid, number))
+status = int(replies.readline())
+if status < 0:
+    signal.signal(-status, signal.SIG_DFL)
+    os.kill(os.getpid(), -status)
+sys.exit(status)
+"""
+
+
+RANKS = [None]  # the folder of the rank interpreter, where this system has what it needs
+
+
+def forked_ranks_possible():
+    """Linux: a process's open files are listed in /proc/self/fd, and os.pidfd_open waits for
+    a process that is not one's child. Elsewhere (macOS) ranks start as new interpreters."""
+    return hasattr(os, "pidfd_open") and os.path.isdir("/proc/self/fd")
+
+
+def _start_rank_server(folder):
+    """Write the rank interpreter into `folder`, fork the rank server; return its pid (None
+    where ranks cannot be forks)."""
+    import socket
+
+    if not forked_ranks_possible():
+        return None
+    RANKS[0] = folder
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.path.join(folder, "ranks.sock"))
+    listener.listen(64)
+    python = os.path.join(folder, "python")
+    with open(python, "w") as file:
+        file.write(RANK_PYTHON.format(python=sys.executable, socket=listener.getsockname()))
+    os.chmod(python, 0o755)
+    pid = os.fork()
+    if pid == 0:
+        serve_ranks(listener)
+    listener.close()
+    return pid
+
+
+def serve_ranks(listener):
+    """The rank server: a handler forked for every rank interpreter that connects."""
+    import ctypes
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the handlers
+    signal.signal(signal.SIGTERM, lambda number, frame: os._exit(0))
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: it ends with the server
+    if os.getppid() == 1:
+        os._exit(0)
+    while True:
+        conn, _ = listener.accept()
+        if os.fork() == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            listener.close()
+            _handle_rank(conn)
+        conn.close()
+
+
+def _handle_rank(conn):
+    """A handler: fork the rank the request asks for, report its pid and its exit status."""
+    import fcntl
+    import json
+    import select
+    import socket
+
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 1024)
+    size = int.from_bytes(data[:8], "big")
+    data = data[8:]
+    while len(data) < size:
+        data += conn.recv(size - len(data))
+    request = json.loads(data)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in fds]  # out of the targets' way
+        for fd in fds:
+            os.close(fd)
+        for source, target in zip(high, request["fds"], strict=True):
+            os.dup2(source, target)
+        for fd in high:
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        argv = request["argv"]
+        while argv and argv[0].startswith("-") and argv[0] not in ("-m", "-c"):
+            option = argv.pop(0)  # the interpreter's own options: -u matters, the rest not here
+            if option in ("-W", "-X"):
+                argv.pop(0)
+            elif option == "-u":
+                import io
+
+                sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False),
+                                              write_through=True)
+                sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False),
+                                              write_through=True, errors="backslashreplace")
+        _use_rank_python(RANKS[0])
+        _end(_run_as_main(argv))
+    for fd in fds:  # the rank has them now: a pipe's end held here would keep it open
+        os.close(fd)
+    conn.sendall(f"{pid}\n".encode())
+    exited = os.pidfd_open(pid)
+    while select.select([conn, exited], [], [])[0] != [exited]:
+        if not conn.recv(1):  # the rank interpreter was killed: so is its rank
+            os.kill(pid, signal.SIGKILL)
+            break
+    _, status = os.waitpid(pid, 0)
+    try:
+        conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _use_rank_python(folder):
+    """In a forked command or rank: the ranks it starts with multiprocessing's spawn are forks
+    too (see RANK_PYTHON)."""
+    if folder is not None:
+        import multiprocessing
+
+        multiprocessing.set_executable(os.path.join(folder, "python"))
 
 
 INTERRUPTED = object()
@@ -360,10 +521,25 @@ class WarmPython:
     """The test side of the server: `run(argv, cwd, env, timeout)` -> (exit status, out, err)."""
 
     def __init__(self, env):
+        import tempfile
+
         env = {**env, **ON_THE_CPU}  # the server never touches a GPU, so its forks may not either
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.folder = tempfile.TemporaryDirectory(prefix="warm-")
+        self.rank_python = (os.path.join(self.folder.name, "python") if forked_ranks_possible()
+                            else None)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", self.folder.name],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     bufsize=0)
         # unbuffered: readline takes one reply line and leaves the next for select to see
+        self.started = False
+
+    def ready(self):
+        """Wait until the server has loaded its libraries and written the rank interpreter."""
+        if not self.started:
+            line = self.proc.stdout.readline()
+            assert line == b"ready\n", f"the warm interpreter did not start: {line!r}"
+            self.started = True
+        return self
 
     def run(self, argv, cwd, env, timeout):
         import json
@@ -375,6 +551,7 @@ class WarmPython:
             for path in (out, err):
                 open(path, "w").close()
             request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err}
+            self.ready()
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             pid = int(self.proc.stdout.readline())
             ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -390,6 +567,7 @@ class WarmPython:
     def close(self):
         self.proc.stdin.close()
         self.proc.wait()
+        self.folder.cleanup()
 
 
 # The chapters print what the code prints on a CPU, so the commands the tests run compute on the
@@ -402,16 +580,21 @@ ON_THE_CPU = {"TINY_LLM_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
 def run_python(argv, cwd, env, timeout, warm=None):
     """`python *argv` in the folder cwd, on the CPU (ON_THE_CPU), in a fork of `warm` (a
     WarmPython) or, when warm is None, in a brand-new interpreter. Returns a
-    subprocess.CompletedProcess with text stdout, stderr. torchrun always starts fresh: its
-    agent, forked from an interpreter that has torch's threads running, hung (minutes at 0% CPU)
-    where a fresh one finishes in seconds."""
+    subprocess.CompletedProcess with text stdout, stderr. torchrun's agent and ranks are forks
+    where ranks can be (RANK_PYTHON); elsewhere torchrun starts fresh, ranks and all: an agent
+    forked from the warm interpreter then would start its ranks as new interpreters anyway."""
     env = {**env, **ON_THE_CPU}
-    if warm is None or "torch.distributed.run" in argv[:2]:
+    torchrun = "torch.distributed.run" in argv[:2]
+    if warm is not None and torchrun and warm.ready().rank_python:
+        env["PYTHON_EXEC"] = warm.rank_python  # its ranks are forks too (see RANK_PYTHON)
+    elif torchrun:
+        warm = None
+    if warm is None:
         return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout, check=False)
     code, out, err = warm.run(argv, cwd, env, timeout)
     return subprocess.CompletedProcess([sys.executable, *argv], code, out, err)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
-    serve()
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
+    serve(sys.argv[2])

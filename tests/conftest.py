@@ -70,67 +70,72 @@ def pytest_collection_modifyitems(config, items):
     """Order the tests for two workers: the long ones first, so that neither worker is left
     with a long test at the end while the other idles; and keep the tests that share a
     module-scoped fixture (a training run, a trained tokenizer) on one worker
-    (`--dist loadgroup`), so that the fixture is computed once, not once per worker."""
+    (`--dist loadgroup`), so that the fixture is computed once, not once per worker. A group
+    goes to its worker whole, so it is placed by the seconds of all its tests together, and
+    its tests stay side by side."""
+    groups = {}
     for item in items:
         shared = [name for name, defs in item._fixtureinfo.name2fixturedefs.items()
                   if defs[-1].scope == "module"]
+        group = item.nodeid.split("::")[0] if shared else item.nodeid
         if shared:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    items.sort(key=lambda item: -expected_seconds(item))
+            item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group, []).append(item)
+    seconds = {group: sum(map(expected_seconds, members)) for group, members in groups.items()}
+    order = sorted(groups, key=lambda group: -seconds[group])  # stable: ties keep their order
+    items[:] = [item for group in order for item in groups[group]]
 
 
-# (node id prefix, CPU seconds): the tests that take several seconds, roughly measured with
-# `pytest -n 0 --durations=40`; a module whose tests share a fixture counts as one piece of work.
-# The first prefix that matches wins; a console block's id carries its line in the chapter,
-# so a chapter's own entry follows its blocks' as the fallback when lines move.
+# (node id prefix, CPU seconds): the tests that take a second or more, measured with
+# `pytest --durations=60` on 2 idle cores (2026-11-28); the first prefix that matches wins. A
+# console block's id carries its line in the chapter, so a chapter's own entry follows its
+# blocks' as the fallback when lines move.
 CONSOLE = "tests/test_chapters.py::test_console_block_matches_a_real_run["
+STATE = "tests/test_buildup.py::test_each_steps_tests_pass_on_the_state_at_that_step["
+LEARNER = "tests/test_learner_path.py::test_a_learner_writes_the_step["
 EXPECTED_SECONDS = [
+    (CONSOLE + "11-evaluate.md:274", 36),  # the ladder: five rungs trained, twice (state, head)
+    (CONSOLE + "11-evaluate.md", 8),  # 60 steps trained and scored, twice
+    (CONSOLE + "13-speed.md", 12),  # every setting of the small preset, one step each, twice
+    (CONSOLE + "18-reward.md:291", 11),  # a base, a fine-tuning, 6 updates, twice
+    (CONSOLE + "18-reward.md", 4),
+    (CONSOLE + "19-web.md", 10),  # a tiny training run and an export to ONNX, twice
+    (CONSOLE + "17-requests.md:484", 10),  # a tiny base, a fine-tuning and a story, twice
+    (CONSOLE + "17-requests.md", 1),
+    (CONSOLE + "14-positional-encoding-lab.md:420", 9),  # every scheme trained, twice
+    (CONSOLE + "16-scale-out.md:399", 9),  # a torchrun job and a one-process run, twice
+    (CONSOLE + "16-scale-out.md", 3),
+    (CONSOLE + "12-kvcache.md", 7),  # 200 tokens two ways, twice
+    (CONSOLE + "20-export.md", 6),
+    (CONSOLE + "07-block.md:268", 5),  # the why-runs of pre-norm and width: short trainings
+    (CONSOLE + "03-data.md", 4),
+    (CONSOLE + "10-train.md", 2),
+    (CONSOLE, 1),
     # steps 04-10 typed along, a case a step: a skeleton's tests, the step's tests, its checks
-    ("tests/test_learner_path.py::test_a_learner_writes_the_step[10]", 25),  # 3 training runs
-    ("tests/test_learner_path.py::test_a_learner_writes_the_step", 12),
-    ("tests/test_learner_path.py::test_the_learners_own_code_trains", 10),  # 200 steps
-    (CONSOLE + "13-speed.md", 25),  # every setting of the small preset, one step each
-    ("tests/test_buildup.py::test_each_steps_tests_pass_on_the_state_at_that_step[1", 7),
-    ("tests/test_buildup.py::test_each_steps_tests_pass_on_the_state_at_that_step", 3),
-    ("tests/test_buildup.py::test_every_state_imports", 6),
-    ("tests/test_workalong.py::test_every_skeleton", 3),
-    ("tests/test_workalong.py::test_a_finished_step", 6),
-    ("tests/test_reliability.py", 8),
-    ("tests/test_vs_nanogpt.py", 4),
-    ("tests/test_scale.py::test_fsdp2", 17),  # two torchrun jobs of 2 ranks
-    (CONSOLE + "16-scale-out.md:399", 25),  # a torchrun job and a one-process run, twice
-    (CONSOLE + "16-scale-out.md:358", 20),  # the check: 2 spawned ranks, twice (state, head)
-    (CONSOLE + "20-export.md", 12),
-    (CONSOLE + "19-web.md", 22),  # a tiny training run and an export to ONNX, twice
-    ("tests/test_web.py", 25),  # an export to ONNX, node
-    ("tests/test_web_browser.py", 25),  # an export, headless Chromium
-    (CONSOLE + "17-requests.md:484", 20),  # a tiny base, a fine-tuning and a story, twice
-    (CONSOLE + "18-reward.md:298", 24),  # a base, a fine-tuning, 6 updates, twice
-    (CONSOLE + "18-reward.md:275", 7),  # the check's two toy runs of 60 updates, twice
-    (CONSOLE + "17-requests.md", 10),  # (a block whose line moved, until its id is updated)
-    (CONSOLE + "18-reward.md", 10),
-    ("tests/test_reward.py", 6),  # two toy runs, a resumed reward run
-    ("tests/test_instruct.py", 8),
-    ("tests/test_notebook.py", 10),  # a Jupyter kernel: torch, 12 tiny steps, a story, a score
-    (CONSOLE + "11-evaluate.md:274", 43),  # the ladder: five rungs trained, twice (state, head)
-    (CONSOLE + "11-evaluate.md", 15),  # 60 steps trained and scored, twice
-    ("tests/test_ladder.py", 6),  # five rungs of 40 steps
-    (CONSOLE + "16-scale-out.md", 15),
-    ("tests/test_scale.py::test_two_ranks", 15),
-    ("tests/test_scale.py::test_a_rank_that_fails", 15),
-    (CONSOLE + "10-train.md", 15),
-    ("tests/test_bench.py", 15),
-    (CONSOLE + "14-", 12),
-    (CONSOLE + "12-kvcache.md:355", 12),  # 200 tokens two ways, twice
-    (CONSOLE + "13-", 10),
-    ("tests/test_train.py", 10),
-    ("tests/test_posenc_lab.py", 10),
-    ("tests/test_export.py", 10),
-    ("tests/test_tokenize.py", 8),
-    (CONSOLE, 5),
-    ("tests/test_smoke.py", 5),
-    ("tests/test_studio_browser.py", 5),  # a headless Chromium and a server
-    ("tests/test_reliability_runs.py::test_resume_refuses_to_change_step_17s", 6),  # 2 fine-tunes
+    (LEARNER + "10]", 12),  # three training runs
+    (LEARNER + "07]", 7),  # the block's why-runs
+    (LEARNER, 2),
+    ("tests/test_learner_path.py::test_the_learners_own_code_trains", 7),  # 200 steps
+    ("tests/test_learner_path.py", 1),
+    # each step's tests at its state (one group: the states are a module fixture)
+    (STATE + "14]", 10), (STATE + "17]", 9), (STATE + "19]", 8), (STATE + "18]", 6),
+    (STATE + "13]", 5), (STATE + "15]", 3), (STATE + "3]", 2.5), (STATE, 1.5),
+    ("tests/test_buildup.py::test_every_state_imports", 2),
+    ("tests/test_buildup.py", 1),
+    ("tests/test_notebook.py::test_the_colab_notebook_runs", 7),  # a Jupyter kernel, torch
+    ("tests/test_web_browser.py", 5),  # an export, headless Chromium
+    ("tests/test_web.py", 1.5),  # the group: an export to ONNX, node
+    ("tests/test_posenc_lab.py", 0.6),  # the group: every scheme trained
+    ("tests/test_studio_browser.py", 3),  # a headless Chromium and a server
+    ("tests/test_scale.py::test_fsdp2", 3),  # two torchrun jobs of 2 ranks
+    ("tests/test_scale.py::test_a_rank_that_fails", 3),
+    ("tests/test_speed.py::test_check_prints", 3),
+    ("tests/test_workalong.py::test_every_skeleton", 1.5),
+    ("tests/test_bench.py::test_quick_bench", 2),
+    ("tests/test_instruct.py", 0.5),
+    ("tests/test_reward.py", 0.5),
+    ("tests/test_train.py", 0.3),
+    ("tests/test_mistakes.py", 0.2),
 ]
 
 

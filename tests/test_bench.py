@@ -1,21 +1,19 @@
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from chapters import run_python
 
 from tiny_llm.paths import REPO_ROOT
 
 KEYS = ("data_prep_ratio", "train_speedup", "train_tokens_per_s", "mfu", "kv_cache_speedup")
 
 
-def test_quick_bench_writes_every_figure(sample_data_dir, tmp_path):
+def test_quick_bench_writes_every_figure(sample_data_dir, tmp_path, warm_python):
     out = tmp_path / "bench.json"
     env = {**os.environ, "TINY_LLM_DATA_DIR": str(sample_data_dir)}
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "bench.py"), "--quick",
-                           "--json", str(out), "--device", "cpu"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_python([str(REPO_ROOT / "scripts" / "bench.py"), "--quick", "--json", str(out),
+                       "--device", "cpu"], tmp_path, env, 300, warm_python)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     for key in KEYS:
@@ -35,11 +33,10 @@ def test_quick_bench_writes_every_figure(sample_data_dir, tmp_path):
     assert result["settings"]["float32 (baseline)"]["tokens_per_s"] > 0
 
 
-def test_bench_refuses_missing_data(tmp_path):
+def test_bench_refuses_missing_data(tmp_path, warm_python):
     env = {**os.environ, "TINY_LLM_DATA_DIR": str(tmp_path / "nothing")}
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "bench.py"), "--quick",
-                           "--json", str(tmp_path / "b.json")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_python([str(REPO_ROOT / "scripts" / "bench.py"), "--quick", "--json",
+                       str(tmp_path / "b.json")], tmp_path, env, 300, warm_python)
     assert proc.returncode != 0
     assert "error:" in proc.stderr and "tiny_llm.data" in proc.stderr
     assert not (tmp_path / "b.json").exists()

@@ -1,14 +1,11 @@
 import os
-import subprocess
-import sys
 
-from chapters import ROOT
+from chapters import ROOT, run_python
 
 
-def test_smoke_test_prints_the_chain_of_shapes(sample_data_dir):
+def test_smoke_test_prints_the_chain_of_shapes(sample_data_dir, tmp_path, warm_python):
     env = {**os.environ, "TINY_LLM_DATA_DIR": str(sample_data_dir)}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "smoke_test.py")], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = run_python([str(ROOT / "scripts" / "smoke_test.py")], tmp_path, env, 120, warm_python)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("valid.bin") and lines[0].endswith("tokens (sample)")
