@@ -19,19 +19,25 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["TINY_LLM_DEVICE"] = "cpu"
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 from chapters import WarmPython  # noqa: E402
 
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-# What every worker holds from here to its end (torch, and torch._dynamo, which the first
-# optimizer loads) goes to the collector's permanent generation: the collections that Python
-# runs as tests allocate, and the one pytest runs at the end of every session a test starts in
-# this process (tests/test_mistakes.py), then walk only the tests' own objects.
-import torch._dynamo  # noqa: E402, F401
+def pytest_configure(config):
+    """Where tests run: one PyTorch thread, and torch frozen (below). pytest-xdist's controller
+    runs no test, so it spends nothing on torch."""
+    if getattr(config, "workerinput", None) is None and (config.getoption("numprocesses", None)
+                                                         or 0):
+        return
+    import torch
+    import torch._dynamo  # noqa: F401 (loaded by the first optimizer: here, before the freeze)
 
-gc.freeze()
-atexit.register(gc.unfreeze)  # the interpreter's own end frees it all, as it would have
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    # What every worker holds from here to its end goes to the collector's permanent
+    # generation: the collections that Python runs as tests allocate, and the one pytest runs at
+    # the end of every session a test starts in this process (tests/test_mistakes.py), then
+    # walk only the tests' own objects.
+    gc.freeze()
+    atexit.register(gc.unfreeze)  # the interpreter's own end frees it all, as it would have
 
 
 @pytest.fixture(scope="session")

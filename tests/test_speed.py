@@ -83,7 +83,8 @@ def test_profile_names_the_matmuls_and_their_share():
 
 
 def test_check_prints_a_row_per_setting(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["speed", "--preset", "tiny", "--steps", "1"])
+    monkeypatch.setattr(sys, "argv", ["speed", "--preset", "tiny", "--steps", "1", "--warmup", "1",
+                                      "--batch-size", "2"])
     speed.main()
     out = capsys.readouterr().out
     for setting in SETTINGS:

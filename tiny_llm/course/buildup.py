@@ -227,22 +227,31 @@ def imports(files, module):
         seen.add(name)
         if module_file(name) not in files:
             continue  # a module missing at this step: the caller decides
-        for node in _nodes(files[module_file(name)]):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tiny_llm."):
-                below = node.module.split(".", 1)[1]
+        for kind, below, names in _course_imports(files[module_file(name)]):
+            if kind == "from":
                 subpackage = module_file(below) not in files and f"{below}/__init__.py" in files
-                todo += [f"{below}.{alias.name}" for alias in node.names] if subpackage else [below]
-            elif isinstance(node, ast.ImportFrom) and node.module == "tiny_llm":
-                todo += [alias.name for alias in node.names]
-            elif isinstance(node, ast.Import):
-                todo += [a.name.split(".", 1)[1] for a in node.names
-                         if a.name.startswith("tiny_llm.")]
+                todo += [f"{below}.{alias}" for alias in names] if subpackage else [below]
+            else:
+                todo += names
     return seen
 
 
 @functools.lru_cache(maxsize=1024)
-def _nodes(text):
-    return list(ast.walk(ast.parse(text)))
+def _course_imports(text):
+    """The imports of tiny_llm modules in a module's source: ('from', 'gpt', ('GPT', ...)) for
+    `from tiny_llm.gpt import GPT, ...`, ('names', None, ('gpt', ...)) for `import tiny_llm.gpt`
+    and `from tiny_llm import gpt`."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tiny_llm."):
+            found.append(("from", node.module.split(".", 1)[1],
+                          tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.ImportFrom) and node.module == "tiny_llm":
+            found.append(("names", None, tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.Import):
+            found.append(("names", None, tuple(a.name.split(".", 1)[1] for a in node.names
+                                               if a.name.startswith("tiny_llm."))))
+    return tuple(found)
 
 
 # What a command printed against what a chapter shows (tests/chapters.py has the rules): text
