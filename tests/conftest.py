@@ -13,6 +13,13 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# glibc's malloc hands PyTorch's larger tensors fresh pages from the kernel (mmap) and gives them
+# back at once: every training step then page-faults its activations in again, a tenth of the
+# suite's CPU time spent in the kernel. Kept in the heap instead, in every process the suite
+# starts (xdist's workers and everything they run inherit this; the numbers are the same).
+for _name, _value in (("MALLOC_MMAP_THRESHOLD_", "4294967296"),
+                      ("MALLOC_TRIM_THRESHOLD_", "4294967296"), ("MALLOC_TOP_PAD_", "268435456")):
+    os.environ.setdefault(_name, _value)
 # Tests compare digits that a CPU printed, so what they run picks the CPU on any machine (step
 # 01's pick_device reads this; commands get it too, with the GPU hidden: tests/chapters.py).
 # The GPU paths are tested where a GPU is found, by naming the device (tests/test_gpu.py).
