@@ -302,16 +302,22 @@ def serve(folder):
         gc.unfreeze()  # the server's own end frees everything, as any interpreter's does
         return
     # the child: the command's own process from here on
-    _use_rank_python(RANKS[0])
     for fd, path, mode in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
                            (2, request["stderr"], os.O_WRONLY)):
         target = os.open(path, mode)
         os.dup2(target, fd)
         os.close(target)
-    os.chdir(request["cwd"])
+    _command(request["cwd"], request["env"], request["argv"])
+
+
+def _command(cwd, env, argv):
+    """In a forked child whose files are in place: become `python *argv` in folder `cwd` with
+    environment `env`, the ranks it starts forks too, and end as that interpreter ends."""
+    os.chdir(cwd)
     os.environ.clear()
-    os.environ.update(request["env"])
-    _end(_run_as_main(request["argv"]))
+    os.environ.update(env)
+    _use_rank_python(RANKS[0])
+    _end(_run_as_main(argv))
 
 
 # Ranks. A command that starts ranks of its own (torchrun's agent, or torch.multiprocessing's
@@ -426,9 +432,6 @@ def _handle_rank(conn):
             os.dup2(source, target)
         for fd in high:
             os.close(fd)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
         argv = request["argv"]
         while argv and argv[0].startswith("-") and argv[0] not in ("-m", "-c"):
             option = argv.pop(0)  # the interpreter's own options: -u matters, the rest not here
@@ -441,8 +444,7 @@ def _handle_rank(conn):
                                               write_through=True)
                 sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False),
                                               write_through=True, errors="backslashreplace")
-        _use_rank_python(RANKS[0])
-        _end(_run_as_main(argv))
+        _command(request["cwd"], request["env"], argv)
     for fd in fds:  # the rank has them now: a pipe's end held here would keep it open
         os.close(fd)
     conn.sendall(f"{pid}\n".encode())
