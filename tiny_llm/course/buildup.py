@@ -242,7 +242,7 @@ def _course_imports(text):
     `from tiny_llm.gpt import GPT, ...`, ('names', None, ('gpt', ...)) for `import tiny_llm.gpt`
     and `from tiny_llm import gpt`."""
     found = []
-    for node in ast.walk(ast.parse(text)):
+    for node in _statements(ast.parse(text).body):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tiny_llm."):
             found.append(("from", node.module.split(".", 1)[1],
                           tuple(alias.name for alias in node.names)))
@@ -252,6 +252,17 @@ def _course_imports(text):
             found.append(("names", None, tuple(a.name.split(".", 1)[1] for a in node.names
                                                if a.name.startswith("tiny_llm."))))
     return tuple(found)
+
+
+def _statements(body):
+    """Every statement in `body` and in the blocks nested in it (an import is a statement, so
+    the expressions around need no visit: a tenth of ast.walk's nodes)."""
+    for node in body:
+        yield node
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, block, None)
+            if isinstance(inner, list):  # a Lambda's or an IfExp's body is one expression
+                yield from _statements(inner)
 
 
 # What a command printed against what a chapter shows (tests/chapters.py has the rules): text
