@@ -215,8 +215,9 @@ def same_at_head(block):
 # A warm interpreter for the console commands. Every command is a fresh Python process, as a
 # learner's is, but a fresh interpreter spends about 4 s of CPU importing torch (and
 # torch._dynamo, which the first optimizer loads) before the command's own work starts: most of
-# the time of the short commands. So one server process per test worker imports those libraries
-# once, then forks a child per command; the child becomes the command's interpreter
+# the time of the short commands. So one server process for the whole suite imports those
+# libraries once, and for each test process (each xdist worker) forks a handler, which forks a
+# child per command; the child becomes the command's interpreter
 # (`python -m module args`, `python script.py args` or `python -c code`: the same argv, folder,
 # environment, __main__ and sys.path[0] as the command line gives) and exits as Python does.
 # The project's own modules are not preloaded: each command imports them fresh.
@@ -225,8 +226,8 @@ def same_at_head(block):
 # Preloaded: libraries that read no setting of the environment when imported (a command's
 # environment may differ from the server's), so that importing them earlier changes nothing a
 # command does. Not preloaded for that reason: transformers, huggingface_hub and datasets (they
-# read HF_HOME and the offline switches at import). Nor anyio, httpx or fastapi: pytest marks
-# its plugins' packages (anyio is one) for assertion rewriting, and warns where one is imported.
+# read HF_HOME and the offline switches at import). pytest's plugins are preloaded through its
+# own import hook (_preload_pytest_plugins).
 
 PRELOAD = ("torch", "torch._dynamo", "numpy", "tokenizers", "regex", "matplotlib",
            "matplotlib.figure", "matplotlib.backends.backend_agg", "PIL.Image",
@@ -235,13 +236,28 @@ PRELOAD = ("torch", "torch._dynamo", "numpy", "tokenizers", "regex", "matplotlib
 
 
 def _preload_pytest_plugins():
-    """The modules of pytest's own plugins, which every pytest run a test starts imports."""
+    """The modules of pytest's own plugins, which every pytest run a test starts imports, and
+    those of the installed ones (pytest-xdist, anyio's, platformdirs'), imported the way a
+    pytest run imports them: through its assertion-rewriting hook. A pytest run rewrites every
+    module of a plugin's package as it imports it (anyio's are most of a second's work, in each
+    of the 60-odd runs the tests start); preloaded by the hook, a run finds them imported and
+    rewritten (pytest warns only of a plugin module imported another way)."""
+    import contextlib
     import importlib
+    import io
+    import tempfile
 
+    import pytest
     from _pytest.config import default_plugins
 
     for name in default_plugins:
         importlib.import_module(f"_pytest.{name}")
+    # One run that collects nothing, in an empty folder whose empty pytest.ini is its settings
+    # (not a settings file of a folder above it), its output dropped; -s: no descriptor moved.
+    with tempfile.TemporaryDirectory(prefix="preload-") as empty:
+        Path(empty, "pytest.ini").write_text("")
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            pytest.main(["--collect-only", "-q", "-s", "-p", "no:cacheprovider", empty])
 
 
 def _become(argv):
@@ -267,41 +283,76 @@ def _become(argv):
 
 
 def serve(folder):
-    """The server: one JSON request a line on stdin; replies on stdout with the child's `pid`,
-    then `exit-status cpu-seconds` when it ends. In `folder` it writes `python`, the rank
-    interpreter (RANK_PYTHON), whose requests a forked rank server answers (serve_ranks)."""
+    """The server: it loads the libraries, forks the rank server (its interpreter `python` is
+    written in `folder`, see RANK_PYTHON), then listens on `folder`/warm.sock and forks a handler
+    for every test process that connects (serve_client). It ends when its standard input is
+    closed or its starter ends."""
     import importlib
+    import select
+    import socket
+    import traceback
+
+    try:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # another version's layout: the command imports what it needs
+                pass
+        _preload_pytest_plugins()
+        # The preloaded objects go to the collector's permanent generation: a collection in a
+        # child (pytest runs one at every session's end) then walks only the command's own
+        # objects, and does not touch, and so copy, every page of the shared heap.
+        gc.freeze()
+        ranks = _start_rank_server(folder)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(os.path.join(folder, "warm.sock.new"))
+        listener.listen(64)
+        os.rename(os.path.join(folder, "warm.sock.new"), os.path.join(folder, "warm.sock"))
+    except BaseException:  # said to the test processes waiting for the socket (WarmPython)
+        with open(os.path.join(folder, "failed"), "w") as file:
+            file.write(traceback.format_exc())
+        raise
+    while True:
+        readable, _, _ = select.select([listener, sys.stdin], [], [])
+        if sys.stdin in readable:  # closed: the suite is done with it, or its starter is gone
+            if ranks is not None:
+                os.kill(ranks, signal.SIGTERM)
+            # Nothing of the server's is left to save or flush: it ends without the
+            # interpreter's teardown of torch's modules (a second of CPU).
+            os._exit(0)
+        conn, _ = listener.accept()
+        if os.fork() == 0:
+            listener.close()
+            serve_client(conn)
+        conn.close()
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:  # handlers whose test process has ended
+                pass
+        except ChildProcessError:
+            pass
+
+
+def serve_client(conn):
+    """A handler, forked for one test process: one JSON request a line; for each it forks the
+    command's process and replies with its `pid`, then `exit-status cpu-seconds` when it ends.
+    It ends with the connection."""
     import json
 
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # another version's layout: the command imports what it needs
-            pass
-    _preload_pytest_plugins()
-    # The preloaded objects go to the collector's permanent generation: a collection in a child
-    # (pytest runs one at every session's end) then walks only the command's own objects, and
-    # does not touch, and so copy, every page of the shared heap.
-    gc.freeze()
-    ranks = _start_rank_server(folder)
-    requests, replies = sys.stdin.buffer, sys.stdout.fileno()
-    os.write(replies, b"ready\n")
+    requests = conn.makefile("rb")
     for line in requests:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
             break
-        os.write(replies, f"{pid}\n".encode())
+        conn.sendall(f"{pid}\n".encode())
         _, status, usage = os.wait4(pid, 0)
         cpu = usage.ru_utime + usage.ru_stime  # the command's CPU seconds, its children's too
-        os.write(replies, f"{os.waitstatus_to_exitcode(status)} {cpu}\n".encode())
+        conn.sendall(f"{os.waitstatus_to_exitcode(status)} {cpu}\n".encode())
     else:
-        if ranks is not None:
-            os.kill(ranks, signal.SIGTERM)
-            os.waitpid(ranks, 0)
-        gc.unfreeze()  # the server's own end frees everything, as any interpreter's does
-        return
+        os._exit(0)
     # the child: the command's own process from here on
+    requests.close()
+    conn.close()
     for fd, path, mode in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
                            (2, request["stderr"], os.O_WRONLY)):
         target = os.open(path, mode)
@@ -519,28 +570,63 @@ def _end(status):
 CHILD_CPU = [0.0]  # CPU seconds of every command run by a WarmPython of this process
 
 
-class WarmPython:
-    """The test side of the server: `run(argv, cwd, env, timeout)` -> (exit status, out, err)."""
+class WarmServer:
+    """Starts the warm interpreter (serve) in a folder of its own; the test processes reach it
+    with WarmPython(server.folder). One serves the whole suite: the xdist controller starts it
+    as the workers start (tests/conftest.py), a run without workers at its first command."""
 
     def __init__(self, env):
         import tempfile
 
         env = {**env, **ON_THE_CPU}  # the server never touches a GPU, so its forks may not either
-        self.folder = tempfile.TemporaryDirectory(prefix="warm-")
-        self.rank_python = (os.path.join(self.folder.name, "python") if forked_ranks_possible()
+        self.folder = tempfile.mkdtemp(prefix="warm-")
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", self.folder],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        with open(os.path.join(self.folder, "server.pid"), "w") as file:
+            file.write(str(self.proc.pid))
+
+    def close(self):
+        """End it, ready or not (the test processes are done with it), and its folder."""
+        import shutil
+
+        self.proc.stdin.close()
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class WarmPython:
+    """A test process's connection to the warm interpreter in `folder` (WarmServer):
+    `run(argv, cwd, env, timeout)` -> (exit status, out, err)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.rank_python = (os.path.join(folder, "python") if forked_ranks_possible()
                             else None)
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", self.folder.name],
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     bufsize=0)
-        # unbuffered: readline takes one reply line and leaves the next for select to see
-        self.started = False
+        self.sock = self.replies = None
 
     def ready(self):
-        """Wait until the server has loaded its libraries and written the rank interpreter."""
-        if not self.started:
-            line = self.proc.stdout.readline()
-            assert line == b"ready\n", f"the warm interpreter did not start: {line!r}"
-            self.started = True
+        """Connect, once the server has loaded its libraries and written the rank interpreter."""
+        import socket
+        import time
+
+        if self.sock is None:
+            path, failed = (os.path.join(self.folder, name) for name in ("warm.sock", "failed"))
+            with open(os.path.join(self.folder, "server.pid")) as file:
+                pid = int(file.read())
+            while not os.path.exists(path):
+                if os.path.exists(failed):
+                    with open(failed) as file:
+                        raise AssertionError(f"the warm interpreter did not start:\n{file.read()}")
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    raise AssertionError("the warm interpreter ended before it started") from None
+                time.sleep(0.02)
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(path)
+            self.replies = self.sock.makefile("rb", buffering=0)
+            # unbuffered: readline takes one reply line and leaves the next for select to see
         return self
 
     def run(self, argv, cwd, env, timeout):
@@ -554,12 +640,12 @@ class WarmPython:
                 open(path, "w").close()
             request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err}
             self.ready()
-            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-            pid = int(self.proc.stdout.readline())
-            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            self.sock.sendall(json.dumps(request).encode() + b"\n")
+            pid = int(self.replies.readline())
+            ready, _, _ = select.select([self.sock], [], [], timeout)
             if not ready:
                 os.kill(pid, signal.SIGKILL)
-            status, cpu = self.proc.stdout.readline().split()
+            status, cpu = self.replies.readline().split()
             CHILD_CPU[0] += float(cpu)
             if not ready:
                 raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
@@ -567,9 +653,9 @@ class WarmPython:
                 return int(status), o.read(), e.read()
 
     def close(self):
-        self.proc.stdin.close()
-        self.proc.wait()
-        self.folder.cleanup()
+        if self.sock is not None:
+            self.replies.close()
+            self.sock.close()
 
 
 # The chapters print what the code prints on a CPU, so the commands the tests run compute on the

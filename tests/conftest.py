@@ -26,14 +26,21 @@ for _name, _value in (("MALLOC_MMAP_THRESHOLD_", "4294967296"),
 os.environ["TINY_LLM_DEVICE"] = "cpu"
 
 import pytest  # noqa: E402
-from chapters import WarmPython  # noqa: E402
+from chapters import WarmPython, WarmServer  # noqa: E402
+
+WARM = "TINY_LLM_WARM_PYTHON"  # the folder of the suite's warm interpreter (tests/chapters.py)
+COLD = os.environ.get("TINY_LLM_CHAPTERS_COLD") == "1"  # a new interpreter for every command
 
 
 def pytest_configure(config):
     """Where tests run: one PyTorch thread, and torch frozen (below). pytest-xdist's controller
-    runs no test, so it spends nothing on torch."""
+    runs no test, so it spends nothing on torch: it starts the warm interpreter that the
+    workers' commands fork from, which loads its libraries while the workers collect."""
     if getattr(config, "workerinput", None) is None and (config.getoption("numprocesses", None)
                                                          or 0):
+        if not COLD and not os.environ.get(WARM):
+            config._warm_server = WarmServer({**os.environ, "PYTHONHASHSEED": "0"})
+            os.environ[WARM] = config._warm_server.folder  # the workers inherit it
         return
     import torch
     import torch._dynamo  # noqa: F401 (loaded by the first optimizer: here, before the freeze)
@@ -45,6 +52,13 @@ def pytest_configure(config):
     # walk only the tests' own objects.
     gc.freeze()
     atexit.register(gc.unfreeze)  # the interpreter's own end frees it all, as it would have
+
+
+def pytest_unconfigure(config):
+    server = getattr(config, "_warm_server", None)
+    if server is not None:  # the controller's, once its workers are done
+        os.environ.pop(WARM, None)
+        server.close()
 
 
 @pytest.fixture(scope="session")
@@ -67,15 +81,40 @@ def sample_data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def warm_python():
-    """One interpreter per test worker with torch imported, forked into each command that the
-    tests run as a learner would (see tests/chapters.py); None when TINY_LLM_CHAPTERS_COLD=1
-    asks for a brand-new interpreter each time."""
-    if os.environ.get("TINY_LLM_CHAPTERS_COLD") == "1":
+    """The suite's interpreter with torch imported, forked into each command that the tests run
+    as a learner would (see tests/chapters.py): the one the xdist controller started, or in a
+    run without workers one started here. None when TINY_LLM_CHAPTERS_COLD=1 asks for a
+    brand-new interpreter each time."""
+    if COLD:
         yield None
         return
-    server = WarmPython({**os.environ, "PYTHONHASHSEED": "0"})
-    yield server
-    server.close()
+    server = None if os.environ.get(WARM) else WarmServer({**os.environ, "PYTHONHASHSEED": "0"})
+    warm = WarmPython(os.environ.get(WARM) or server.folder)
+    yield warm
+    warm.close()
+    if server is not None:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def web_export(tmp_path_factory, sample_data_dir):
+    """Step 19's export of a tiny request-tuned checkpoint (context 24: 200 tokens slide the
+    window): (checkpoint, the folder written, web.build's report). Its tests and the page's
+    browser test share it (SHARED below keeps them on one worker): an export is seconds."""
+    from test_studio import tiny_checkpoint
+    from test_web import require_web_runtime
+
+    from tiny_llm import web
+
+    require_web_runtime()
+    folder = tmp_path_factory.mktemp("web")
+    ckpt = tiny_checkpoint(folder / "gpt" / "ckpt.pt", sample_data_dir, requests="derived")
+    report = web.build(ckpt, folder / "site", sample_data_dir, say=lambda *a, **k: None)
+    return ckpt, folder / "site", report
+
+
+# Session fixtures that tests of several modules share: their tests go to one worker together.
+SHARED = ("web_export",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -90,8 +129,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         shared = [name for name, defs in item._fixtureinfo.name2fixturedefs.items()
                   if defs[-1].scope == "module"]
-        group = item.nodeid.split("::")[0] if shared else item.nodeid
-        if shared:
+        across = [name for name in SHARED if name in item.fixturenames]
+        group = across[0] if across else item.nodeid.split("::")[0] if shared else item.nodeid
+        if shared or across:
             item.add_marker(pytest.mark.xdist_group(group))
         groups.setdefault(group, []).append(item)
     seconds = {group: sum(map(expected_seconds, members)) for group, members in groups.items()}
@@ -136,8 +176,8 @@ EXPECTED_SECONDS = [
     ("tests/test_buildup.py::test_every_state_imports", 2),
     ("tests/test_buildup.py", 1),
     ("tests/test_notebook.py::test_the_colab_notebook_runs", 7),  # a Jupyter kernel, torch
-    ("tests/test_web_browser.py", 5),  # an export, headless Chromium
-    ("tests/test_web.py", 1.5),  # the group: an export to ONNX, node
+    ("tests/test_web_browser.py", 4),  # headless Chromium
+    ("tests/test_web.py", 1.5),  # with the browser's test, the group of step 19's export
     ("tests/test_posenc_lab.py", 0.6),  # the group: every scheme trained
     ("tests/test_studio_browser.py", 3),  # a headless Chromium and a server
     ("tests/test_scale.py::test_fsdp2", 3),  # two torchrun jobs of 2 ranks

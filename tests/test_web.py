@@ -38,14 +38,11 @@ def require_web_runtime():
         pytest.skip(str(err))
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory, sample_data_dir):
-    """A tiny request-tuned checkpoint (context 24: 200 tokens slide the window) and its folder."""
-    require_web_runtime()
-    folder = tmp_path_factory.mktemp("web")
-    ckpt = tiny_checkpoint(folder / "gpt" / "ckpt.pt", sample_data_dir, requests="derived")
-    report = web.build(ckpt, folder / "site", sample_data_dir, say=lambda *a, **k: None)
-    return ckpt, folder / "site", report
+@pytest.fixture
+def built(web_export):
+    """A tiny request-tuned checkpoint (context 24: 200 tokens slide the window) and its folder,
+    exported once for these tests and the page's (tests/conftest.py: web_export)."""
+    return web_export
 
 
 def test_onnx_logits_equal_pytorch_at_several_lengths(built):

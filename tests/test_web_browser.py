@@ -10,9 +10,7 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_studio import tiny_checkpoint
 from test_studio_browser import browser, require_browser, wait
-from test_web import require_web_runtime
 
 from tiny_llm import web
 from tiny_llm.tokenize import load_tokenizer
@@ -40,13 +38,12 @@ def static_server(folder):
     return f"http://127.0.0.1:{server.server_address[1]}/", stop
 
 
-def test_the_page_writes_pythons_greedy_story_in_chromium(tmp_path, sample_data_dir):
+def test_the_page_writes_pythons_greedy_story_in_chromium(web_export, tmp_path, sample_data_dir):
     found = require_browser()
-    require_web_runtime()
-    ckpt = tiny_checkpoint(tmp_path / "run" / "ckpt.pt", sample_data_dir, requests="derived")
-    report = web.build(ckpt, tmp_path / "site", sample_data_dir, say=lambda *a, **k: None)
+    _, site, report = web_export  # step 19's export of a tiny tuned model (tests/conftest.py)
+    shutil.copytree(site, tmp_path / "site")  # served from here, beside a copy that is broken
     broken = tmp_path / "broken"
-    shutil.copytree(tmp_path / "site", broken)
+    shutil.copytree(site, broken)
     (broken / "model.onnx").unlink()
     tokenizer = load_tokenizer(sample_data_dir / "tokenizer.json")
     prompt = "Once upon a time"
