@@ -19,7 +19,10 @@ The rules (the chapter author's side of them is in steps/README.md):
    depend on the corpus are the sample's.
 """
 
+import collections
+import functools
 import gc
+import hashlib
 import os
 import re
 import signal
@@ -210,6 +213,102 @@ def same_at_head(block):
         if any(at_step.get(file(n)) != head.get(file(n)) for n in names[0] | names[1]):
             return False
     return True
+
+
+def places(block):
+    """Where a console block must run: [(in words, the package: None for its step's state or
+    the head's tiny_llm/)]: at its step's state, unless test_learner_path runs it there (steps
+    04-10), and again at the head where its modules differ from the state's."""
+    if block.where not in _PLACES:
+        where = [] if learner_checked(block) else [("its step's state", None)]
+        if not same_at_head(block):
+            where.append(("the repository's head", ROOT / "tiny_llm"))
+        _PLACES[block.where] = where
+    return list(_PLACES[block.where])
+
+
+_PLACES = {}
+
+
+# Replays. Chapters 17 and 18 both begin by training the same base model and tuning it to
+# requests, and chapter 20 with the training run that chapter 19 begins with. Each block starts
+# in an empty folder, so a command's output is decided by its words, the package it runs and
+# the commands before it in its block: where all three are those of a command that this test
+# process has run already (the same chain key), what that run printed and left in its folder is
+# this one's too, a real run of the same code on the same files. The blocks that share a chain
+# go to one test worker (tests/conftest.py, replay_groups).
+
+
+@functools.cache
+def package_digest(step):
+    """A digest of every file of the package a block runs: at `step`'s state, or the head's
+    (step None): the whole package, so that a module imported by name is covered too."""
+    from tiny_llm.course import buildup
+
+    files = buildup.finished() if step is None else buildup.state(step)
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(f"{len(name)}:{name}{len(files[name])}:".encode() + files[name].encode())
+    return digest.hexdigest()
+
+
+def chain_keys(block, package):
+    """The chain key of each of the block's commands, run on `package` (None: its step's state)."""
+    digest = package_digest(None if package else chapter_step(block.chapter))
+    keys, key = [], digest
+    for command, _ in commands(block):
+        key = hashlib.sha256(f"{key}\n{command}".encode()).hexdigest()
+        keys.append(key)
+    return keys
+
+
+@functools.cache
+def repeated_keys():
+    """The chain keys that more than one run of a console block reaches."""
+    seen = collections.Counter(key for block in console_blocks()
+                               for _, package in places(block)
+                               for key in set(chain_keys(block, package)))
+    return frozenset(key for key, count in seen.items() if count > 1)
+
+
+def replay_groups():
+    """{block.where: group}: the blocks whose runs share a chain key, one group each, named
+    after its first block."""
+    keys = {block.where: {key for _, package in places(block)
+                          for key in chain_keys(block, package)} & repeated_keys()
+            for block in console_blocks()}
+    groups = {}
+    for where, mine in keys.items():
+        if mine:
+            joined = [w for w, theirs in keys.items() if theirs & mine]
+            groups[where] = f"replay {joined[0]}"
+    return groups
+
+
+def folder_files(work):
+    """{relative path: bytes} of what the commands left in the block's folder `work` (not its
+    links to the repository's scripts/ and steps/, nor the package)."""
+    found = {}
+    for top, folders, names in os.walk(work):
+        if top == str(work):
+            folders[:] = [f for f in folders if f not in ("scripts", "steps", "tiny_llm")]
+        for name in names:
+            path = os.path.join(top, name)
+            if not os.path.islink(path):
+                with open(path, "rb") as file:
+                    found[os.path.relpath(path, work)] = file.read()
+    return found
+
+
+def put_folder_files(work, files):
+    """Make the block's folder hold exactly `files` (folder_files' form)."""
+    for name in set(folder_files(work)) - set(files):
+        os.unlink(os.path.join(work, name))
+    for name, data in files.items():
+        path = os.path.join(work, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as file:
+            file.write(data)
 
 
 # A warm interpreter for the console commands. Every command is a fresh Python process, as a

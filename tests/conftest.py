@@ -26,7 +26,7 @@ for _name, _value in (("MALLOC_MMAP_THRESHOLD_", "4294967296"),
 os.environ["TINY_LLM_DEVICE"] = "cpu"
 
 import pytest  # noqa: E402
-from chapters import WarmPython, WarmServer  # noqa: E402
+from chapters import WarmPython, WarmServer, replay_groups  # noqa: E402
 
 WARM = "TINY_LLM_WARM_PYTHON"  # the folder of the suite's warm interpreter (tests/chapters.py)
 COLD = os.environ.get("TINY_LLM_CHAPTERS_COLD") == "1"  # a new interpreter for every command
@@ -126,10 +126,14 @@ def pytest_collection_modifyitems(config, items):
     goes to its worker whole, so it is placed by the seconds of all its tests together, and
     its tests stay side by side."""
     groups = {}
+    # console blocks that replay each other's runs (tests/chapters.py, Replays)
+    replays = replay_groups() if any(i.nodeid.startswith(CONSOLE) for i in items) else {}
     for item in items:
         shared = [name for name, defs in item._fixtureinfo.name2fixturedefs.items()
                   if defs[-1].scope == "module"]
         across = [name for name in SHARED if name in item.fixturenames]
+        if item.nodeid.startswith(CONSOLE) and item.callspec.id in replays:
+            across = [replays[item.callspec.id]]
         group = across[0] if across else item.nodeid.split("::")[0] if shared else item.nodeid
         if shared or across:
             item.add_marker(pytest.mark.xdist_group(group))
@@ -150,7 +154,7 @@ EXPECTED_SECONDS = [
     (CONSOLE + "11-evaluate.md:274", 36),  # the ladder: five rungs trained, twice (state, head)
     (CONSOLE + "11-evaluate.md", 8),  # 60 steps trained and scored, twice
     (CONSOLE + "13-speed.md", 12),  # every setting of the small preset, one step each, twice
-    (CONSOLE + "18-reward.md:291", 11),  # a base, a fine-tuning, 6 updates, twice
+    (CONSOLE + "18-reward.md:291", 7),  # 6 updates, twice; the head's base and tuning replayed
     (CONSOLE + "18-reward.md", 4),
     (CONSOLE + "19-web.md", 10),  # a tiny training run and an export to ONNX, twice
     (CONSOLE + "17-requests.md:484", 10),  # a tiny base, a fine-tuning and a story, twice
@@ -159,7 +163,7 @@ EXPECTED_SECONDS = [
     (CONSOLE + "16-scale-out.md:399", 9),  # a torchrun job and a one-process run, twice
     (CONSOLE + "16-scale-out.md", 3),
     (CONSOLE + "12-kvcache.md", 7),  # 200 tokens two ways, twice
-    (CONSOLE + "20-export.md", 6),
+    (CONSOLE + "20-export.md", 4),  # the training run: 19's at the head, replayed
     (CONSOLE + "07-block.md:268", 5),  # the why-runs of pre-norm and width: short trainings
     (CONSOLE + "03-data.md", 4),
     (CONSOLE + "10-train.md", 2),

@@ -9,16 +9,21 @@ import re
 import pytest
 from chapters import (
     ROOT,
+    chain_keys,
     chapter_step,
     chapters,
     command_modules,
     commands,
     console_blocks,
+    folder_files,
     learner_checked,
     line_matches,
     missing_piece,
     output_matches,
+    places,
+    put_folder_files,
     python_argv,
+    repeated_keys,
     run_python,
     same_at_head,
     source_blocks,
@@ -54,13 +59,20 @@ def run_command(command, work, data_dir, warm_python=None):
     return proc.stdout
 
 
-def places(block):
-    """Where a console block must run: at its step's state, unless test_learner_path runs it
-    there (steps 04-10), and again at the head where its modules differ from the state's."""
-    where = [] if learner_checked(block) else [("its step's state", None)]
-    if not same_at_head(block):
-        where.append(("the repository's head", ROOT / "tiny_llm"))
-    return where
+RUNS = {}  # chain key -> (what the command printed, its folder after): runs to replay
+
+
+def run_or_replay(command, key, work, data_dir, warm_python):
+    """Run a block's command, or replay the run of this test process that had its chain key
+    (tests/chapters.py, Replays): what it printed, and its folder as that run left it."""
+    if key in RUNS:
+        out, after = RUNS[key]
+        put_folder_files(work, after)
+        return out
+    out = run_command(command, work, data_dir, warm_python)
+    if key in repeated_keys():  # kept only where another block's run will ask for it
+        RUNS[key] = out, folder_files(work)
+    return out
 
 
 @pytest.mark.parametrize("block", [b for b in console_blocks() if places(b)],
@@ -87,12 +99,40 @@ def test_console_block_matches_a_real_run(block, sample_data_dir, tmp_path, warm
             (work / "tiny_llm").symlink_to(package)
         else:
             buildup.write_state(chapter_step(block.chapter), work)
-        for command, expected in commands(block):
-            actual = run_command(command, work, sample_data_dir, warm_python).splitlines()
+        keys = chain_keys(block, package)
+        for (command, expected), key in zip(commands(block), keys, strict=True):
+            actual = run_or_replay(command, key, work, sample_data_dir, warm_python).splitlines()
             assert output_matches(actual, expected, rtol), (
                 f"{block.where}: `{command}` at {where} printed\n" + "\n".join(actual)
                 + "\n\nbut the chapter expects\n" + "\n".join(expected)
             )
+
+
+def test_a_run_is_replayed_only_after_the_same_commands_on_the_same_package(tmp_path):
+    """Chapters 17 and 18 both begin with a base model and its tuning: at the head those two
+    commands have one chain key, and the third (17's story, 18's reward run) has its own; at
+    step 17's state the package differs, and so does every key. A replay leaves the folder as
+    the run left it, files removed since included."""
+    def block(chapter, words):
+        return next(b for b in console_blocks() if b.chapter.name.startswith(chapter)
+                    and words in b.body)
+    requests, reward = block("17", "instruct write"), block("18", "reward write")
+    head = ROOT / "tiny_llm"
+    ours, theirs = chain_keys(requests, head), chain_keys(reward, head)
+    assert ours[:2] == theirs[:2] and ours[2] != theirs[2]
+    assert set(ours[:2]) <= repeated_keys() and ours[2] not in repeated_keys()
+    assert not set(chain_keys(requests, None)) & set(ours)
+    run = tmp_path / "run"
+    (run / "runs" / "base").mkdir(parents=True)
+    (run / "runs" / "base" / "ckpt.pt").write_bytes(b"weights")
+    (run / "steps").symlink_to(ROOT / "steps")  # a link to the repository: never a run's file
+    after = folder_files(run)
+    assert after == {os.path.join("runs", "base", "ckpt.pt"): b"weights"}
+    again = tmp_path / "again"
+    (again / "runs").mkdir(parents=True)
+    (again / "runs" / "stale.txt").write_text("left by nothing the chain ran")
+    put_folder_files(again, after)
+    assert folder_files(again) == after
 
 
 def test_a_block_runs_again_at_the_head_only_where_its_modules_differ():
