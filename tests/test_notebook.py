@@ -5,6 +5,8 @@ suite runs in the course already), the sample corpus the suite prepared, and the
 a few steps instead of the gpu preset for ten minutes. Every other cell runs as a learner's does.
 """
 
+import json
+
 import nbformat
 from nbclient import NotebookClient
 
@@ -28,7 +30,24 @@ def printed(cell):
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
 
-def test_the_colab_notebook_runs_top_to_bottom_on_the_cpu(sample_data_dir, tmp_path, monkeypatch):
+def kernel(folder, warm_python):
+    """The Jupyter kernel to run: ipykernel's own launcher, in an interpreter that a kernel spec
+    in `folder` names: where ranks can be forks of the suite's warm interpreter
+    (tests/chapters.py), its rank interpreter, which forks the kernel from the warm one with
+    torch loaded, as a fresh kernel has it after its first cell; elsewhere Python itself."""
+    python = warm_python.ready().rank_python if warm_python is not None else None
+    if python is None:
+        return "python3"
+    spec = folder / "kernels" / "python3-warm"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (forked)", "language": "python"}))
+    return "python3-warm"
+
+
+def test_the_colab_notebook_runs_top_to_bottom_on_the_cpu(sample_data_dir, tmp_path, monkeypatch,
+                                                          warm_python):
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     settings = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(settings) == 1 and notebook.cells.index(settings[0]) == 1
@@ -38,9 +57,11 @@ def test_the_colab_notebook_runs_top_to_bottom_on_the_cpu(sample_data_dir, tmp_p
     monkeypatch.setenv("TINY_LLM_DATA_DIR", str(sample_data_dir))  # the kernel inherits these
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("TINY_LLM_DEVICE", "cpu")
-    for name, folder in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+    for name, folder in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
+                         ("JUPYTER_PATH", "jupyter")):
         monkeypatch.setenv(name, str(tmp_path / folder))  # nothing written to your home folder
-    NotebookClient(notebook, timeout=120, kernel_name="python3",
+    name = kernel(tmp_path / "jupyter", warm_python)
+    NotebookClient(notebook, timeout=120, kernel_name=name,
                    resources={"metadata": {"path": str(REPO_ROOT)}}).execute()
     code = [c for c in notebook.cells if c.cell_type == "code"]
     assert not any(o.output_type == "error" for c in code for o in c.outputs)
