@@ -739,17 +739,27 @@ class WarmPython:
                 open(path, "w").close()
             request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err}
             self.ready()
-            self.sock.sendall(json.dumps(request).encode() + b"\n")
-            pid = int(self.replies.readline())
+            try:
+                self.sock.sendall(json.dumps(request).encode() + b"\n")
+            except OSError:
+                self._reply(argv, ended=True)
+            pid = int(self._reply(argv))
             ready, _, _ = select.select([self.sock], [], [], timeout)
             if not ready:
                 os.kill(pid, signal.SIGKILL)
-            status, cpu = self.replies.readline().split()
+            status, cpu = self._reply(argv).split()
             CHILD_CPU[0] += float(cpu)
             if not ready:
                 raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
             with open(out) as o, open(err) as e:
                 return int(status), o.read(), e.read()
+
+    def _reply(self, argv, ended=False):
+        line = b"" if ended else self.replies.readline()
+        if not line:
+            raise AssertionError(f"the warm interpreter's handler for this test process ended "
+                                 f"while it ran `python {' '.join(argv)[:200]}`")
+        return line
 
     def close(self):
         if self.sock is not None:
