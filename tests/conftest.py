@@ -179,7 +179,7 @@ EXPECTED_SECONDS = [
     (STATE + "13]", 5), (STATE + "15]", 3), (STATE + "3]", 2.5), (STATE, 1.5),
     ("tests/test_buildup.py::test_every_state_imports", 2),
     ("tests/test_buildup.py", 1),
-    ("tests/test_notebook.py::test_the_colab_notebook_runs", 7),  # a Jupyter kernel, torch
+    ("tests/test_notebook.py::test_the_colab_notebook_runs", 2.5),  # a forked Jupyter kernel
     ("tests/test_web_browser.py", 4),  # headless Chromium
     ("tests/test_web.py", 1.5),  # with the browser's test, the group of step 19's export
     ("tests/test_posenc_lab.py", 0.6),  # the group: every scheme trained
