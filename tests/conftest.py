@@ -34,11 +34,14 @@ COLD = os.environ.get("TINY_LLM_CHAPTERS_COLD") == "1"  # a new interpreter for 
 
 def pytest_configure(config):
     """Where tests run: one PyTorch thread, and torch frozen (below). pytest-xdist's controller
-    runs no test, so it spends nothing on torch: it starts the warm interpreter that the
-    workers' commands fork from, which loads its libraries while the workers collect."""
+    runs no test, so it spends nothing on torch. For the whole suite (README's command, no
+    paths given) it starts the warm interpreter that the workers' commands fork from, which
+    loads its libraries while the workers collect; a run of chosen tests, which may need none,
+    leaves it to each worker's first command (warm_python)."""
     if getattr(config, "workerinput", None) is None and (config.getoption("numprocesses", None)
                                                          or 0):
-        if not COLD and not os.environ.get(WARM):
+        whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        if whole and not COLD and not os.environ.get(WARM):
             config._warm_server = WarmServer({**os.environ, "PYTHONHASHSEED": "0"})
             os.environ[WARM] = config._warm_server.folder  # the workers inherit it
         return
@@ -82,8 +85,8 @@ def sample_data_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def warm_python():
     """The suite's interpreter with torch imported, forked into each command that the tests run
-    as a learner would (see tests/chapters.py): the one the xdist controller started, or in a
-    run without workers one started here. None when TINY_LLM_CHAPTERS_COLD=1 asks for a
+    as a learner would (see tests/chapters.py): the one the xdist controller started for the
+    whole suite, or else one started here. None when TINY_LLM_CHAPTERS_COLD=1 asks for a
     brand-new interpreter each time."""
     if COLD:
         yield None
