@@ -277,11 +277,17 @@ def replay_groups():
     keys = {block.where: {key for _, package in places(block)
                           for key in chain_keys(block, package)} & repeated_keys()
             for block in console_blocks()}
-    groups = {}
-    for where, mine in keys.items():
-        if mine:
-            joined = [w for w, theirs in keys.items() if theirs & mine]
-            groups[where] = f"replay {joined[0]}"
+    groups, pending = {}, {where: mine for where, mine in keys.items() if mine}
+    while pending:  # a group: every block linked to its first by keys shared, directly or not
+        first = next(iter(pending))
+        members, shared = {first}, set(pending[first])
+        while joined := {w for w, theirs in pending.items()
+                         if w not in members and theirs & shared}:
+            members |= joined
+            shared |= set().union(*(pending[w] for w in joined))
+        for where in members:
+            groups[where] = f"replay {first}"
+            del pending[where]
     return groups
 
 
@@ -411,6 +417,7 @@ def serve(folder):
         with open(os.path.join(folder, "failed"), "w") as file:
             file.write(traceback.format_exc())
         raise
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the handlers
     while True:
         readable, _, _ = select.select([listener, sys.stdin], [], [])
         if sys.stdin in readable:  # closed: the suite is done with it, or its starter is gone
@@ -419,16 +426,19 @@ def serve(folder):
             # Nothing of the server's is left to save or flush: it ends without the
             # interpreter's teardown of torch's modules (a second of CPU).
             os._exit(0)
-        conn, _ = listener.accept()
-        if os.fork() == 0:
-            listener.close()
-            serve_client(conn)
-        conn.close()
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0]:  # handlers whose test process has ended
-                pass
-        except ChildProcessError:
-            pass
+        _fork_handler(listener, serve_client)
+
+
+def _fork_handler(listener, handle):
+    """Accept a connection on `listener` and fork `handle(conn)` for it (which never returns),
+    with the signals a forked process starts with; here the listening goes on."""
+    conn, _ = listener.accept()
+    if os.fork() == 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a handler waits for what it forks
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        listener.close()
+        handle(conn)
+    conn.close()
 
 
 def serve_client(conn):
@@ -550,13 +560,7 @@ def serve_ranks(listener):
     if os.getppid() == 1:
         os._exit(0)
     while True:
-        conn, _ = listener.accept()
-        if os.fork() == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            listener.close()
-            _handle_rank(conn)
-        conn.close()
+        _fork_handler(listener, _handle_rank)
 
 
 def _handle_rank(conn):
@@ -742,7 +746,7 @@ class WarmPython:
             try:
                 self.sock.sendall(json.dumps(request).encode() + b"\n")
             except OSError:
-                self._reply(argv, ended=True)
+                raise self._ended(argv) from None
             pid = int(self._reply(argv))
             ready, _, _ = select.select([self.sock], [], [], timeout)
             if not ready:
@@ -754,12 +758,16 @@ class WarmPython:
             with open(out) as o, open(err) as e:
                 return int(status), o.read(), e.read()
 
-    def _reply(self, argv, ended=False):
-        line = b"" if ended else self.replies.readline()
+    def _reply(self, argv):
+        line = self.replies.readline()
         if not line:
-            raise AssertionError(f"the warm interpreter's handler for this test process ended "
-                                 f"while it ran `python {' '.join(argv)[:200]}`")
+            raise self._ended(argv)
         return line
+
+    @staticmethod
+    def _ended(argv):
+        return AssertionError(f"the warm interpreter's handler for this test process ended "
+                              f"while it ran `python {' '.join(argv)[:200]}`")
 
     def close(self):
         if self.sock is not None:
